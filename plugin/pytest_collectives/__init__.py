@@ -1,0 +1,1 @@
+"""pytest-collectives: run tests on every rank of a real torch.distributed process group."""
