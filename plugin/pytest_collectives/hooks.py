@@ -1,0 +1,208 @@
+"""pytest hooks: thin. Options live in options.py, the processes in pool.py, the verdicts in report.py."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import pickle
+import sys
+from typing import Any
+
+import pytest
+
+from . import options
+from .messages import Task
+from .report import DistributedTestFailure, GroupOutcome
+
+_outcome_key = pytest.StashKey[GroupOutcome]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("collectives", "distributed worker groups (pytest-collectives)")
+    for name, help_text, default in options.OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        group.addoption(flag, dest=f"collectives_{name}", default=None, help=f"{help_text}; ini: {name}")
+        parser.addini(name, help_text, default=default)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "world_size(*sizes): run the test body on every rank of a process group of each size "
+        "(no sizes: the --world-sizes); the test takes the `pg` fixture",
+    )
+    config.addinivalue_line("markers", "gpu: needs CUDA GPUs (--gpus N); skipped on CPU runs")
+    values = {}
+    for name, _, _ in options.OPTIONS:
+        value = config.getoption(f"collectives_{name}")
+        values[name] = str(value if value is not None else config.getini(name)).strip()
+    try:
+        settings = options.resolve(values, options.count_cuda_gpus)
+    except options.OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.pluginmanager.register(DistributedSession(config, settings), "collectives-session")
+
+
+class OnRanks:
+    """What ``pg`` is in the controller: the real one exists only on the ranks."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+
+    def __repr__(self) -> str:
+        return f"<pg: {self.world_size} ranks>"
+
+
+# Session scope: the value is fixed per parametrization, and hypothesis rightly objects to function-scoped
+# fixtures shared by its examples. It also groups tests by world size, so groups are switched less often.
+@pytest.fixture(scope="session")
+def world_size(request: pytest.FixtureRequest) -> int:
+    pytest.fail(
+        f"{request.node.nodeid} uses world_size/pg but has no @pytest.mark.world_size(...) marker", pytrace=False
+    )
+
+
+@pytest.fixture(scope="session")
+def pg(world_size: int) -> OnRanks:
+    """On each rank: rank, world_size, backend, device, seed, group, new_group(ranks), generator(rank)."""
+    return OnRanks(world_size)
+
+
+def stable_seed(nodeid: str, kwargs: dict[str, Any]) -> int:
+    """Same test and same example give the same seed, on every rank and in every rerun."""
+    text = nodeid + repr(sorted((k, repr(v)) for k, v in kwargs.items() if k != "pg"))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
+
+
+class DistributedSession:
+    def __init__(self, config: pytest.Config, settings: options.Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self._pool = None
+
+    @property
+    def pool(self):  # noqa: ANN201 - imported lazily: a session without distributed tests never loads torch
+        if self._pool is None:
+            from .pool import GroupPool
+
+            s = self.settings
+            self._pool = GroupPool(s.backend, s.timeout_s, s.gpus)
+        return self._pool
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        marker = metafunc.definition.get_closest_marker("world_size")
+        if marker is None:
+            return
+        sizes = marker.args or self.settings.world_sizes
+        if not all(isinstance(n, int) and n >= 1 for n in sizes):
+            raise pytest.UsageError(
+                f"{metafunc.definition.nodeid}: world_size marker takes whole numbers >= 1, got {sizes}"
+            )
+        gpus = self.settings.gpus
+        params = [
+            pytest.param(n, id=f"ws{n}", marks=pytest.mark.skip(reason=f"needs {n} GPUs; --gpus is {gpus}"))
+            if gpus and n > gpus
+            else pytest.param(n, id=f"ws{n}")
+            for n in sizes
+        ]
+        if "world_size" not in metafunc.fixturenames:
+            metafunc.fixturenames.append("world_size")
+        metafunc.parametrize("world_size", params, scope="session")
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        skip_gpu = pytest.mark.skip(reason="needs CUDA GPUs: run with --gpus N on a GPU machine")
+        distributed = False
+        for item in items:
+            if item.get_closest_marker("gpu") and not self.settings.gpus:
+                item.add_marker(skip_gpu)
+            distributed = distributed or item.get_closest_marker("world_size") is not None
+        if distributed:
+            from .pool import warm_up
+
+            warm_up(self.pool.ctx)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
+        if pyfuncitem.get_closest_marker("world_size") is None:
+            return None
+        n = pyfuncitem.callspec.params["world_size"]
+        fn = pyfuncitem.obj
+        funcargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+        settings = getattr(fn, "hypothesis", None)
+        if settings is None:
+            self.dispatch(pyfuncitem, n, funcargs, hypothesis_inner=False)
+            return True
+        # Hypothesis draws in the controller; each example runs on every rank with the same values.
+        original = settings.inner_test
+
+        @functools.wraps(original)
+        def on_ranks(*_self: Any, **kwargs: Any) -> None:
+            self.dispatch(pyfuncitem, n, kwargs, hypothesis_inner=True)
+
+        settings.inner_test = on_ranks
+        try:
+            fn(**funcargs)
+        finally:
+            settings.inner_test = original
+        return True
+
+    def dispatch(self, item: pytest.Function, n: int, kwargs: dict[str, Any], hypothesis_inner: bool) -> None:
+        module = item.module
+        shipped = {k: (None if isinstance(v, OnRanks) else v) for k, v in kwargs.items()}
+        task = Task(
+            nodeid=item.nodeid,
+            module=module.__name__,
+            path=module.__file__,
+            qualname=(f"{item.cls.__qualname__}." if item.cls else "") + item.originalname,
+            kwargs=shipped,
+            seed=stable_seed(item.nodeid, kwargs),
+            sys_path=list(sys.path),
+            hypothesis_inner=hypothesis_inner,
+        )
+        try:
+            pickle.dumps(task)
+        except Exception as exc:
+            names = ", ".join(k for k, v in shipped.items() if not _picklable(v))
+            pytest.fail(
+                f"{item.nodeid}: argument(s) {names} can't be sent to the ranks ({exc}); "
+                "build such values inside the test, on each rank",
+                pytrace=False,
+            )
+        outcome = self.pool.run(task, n)
+        item.stash[_outcome_key] = outcome
+        if self.config.getoption("capture") == "no":
+            for title, text in outcome.sections():
+                sys.stdout.write("".join(f"[{title}] {line}\n" for line in text.splitlines()))
+        verdict = outcome.verdict()
+        if verdict == "skipped":
+            pytest.skip(outcome.skip_reason())
+        if verdict == "failed":
+            raise DistributedTestFailure(outcome)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
+        report = yield
+        rep = report.get_result()
+        if call.when != "call":
+            return
+        outcome = item.stash.get(_outcome_key, None)
+        if outcome is not None and self.config.getoption("capture") != "no":
+            for title, text in outcome.sections():
+                rep.sections.append((f"Captured {title}", text))
+        if call.excinfo is not None and isinstance(call.excinfo.value, DistributedTestFailure):
+            exc = call.excinfo.value
+            notes = "\n".join(getattr(exc, "__notes__", []))
+            rep.longrepr = f"{notes}\n\n{exc.outcome.render()}" if notes else exc.outcome.render()
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True

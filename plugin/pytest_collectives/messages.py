@@ -1,0 +1,52 @@
+"""What the controller and the ranks say to each other over their private pipes.
+
+The pipes are anonymous socket pairs inherited by the workers: nothing listens on a port, so no other
+process can speak on them. Tests are named by reference (module + qualname), never pickled as closures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+    """Everything a rank needs to join its group: fixed for the group's life."""
+
+    world_size: int
+    backend: str
+    devices: tuple[int, ...]  # physical GPU indices, one per rank; empty on CPU
+    store_path: str  # FileStore rendezvous: no port to choose, none to collide on
+    workdir: str  # where each rank writes its captured output and stack dumps
+    timeout_s: float  # the backend's own timeout, kept above the controller's deadline
+    threads_per_rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One call of a test function, the same on every rank."""
+
+    nodeid: str
+    module: str
+    path: str
+    qualname: str
+    kwargs: dict[str, Any]
+    seed: int
+    sys_path: list[str]
+    hypothesis_inner: bool = False  # call fn.hypothesis.inner_test: the controller runs the engine
+
+
+PASSED = "passed"
+FAILED = "failed"
+SKIPPED = "skipped"
+
+
+@dataclasses.dataclass
+class RankResult:
+    rank: int
+    outcome: str  # PASSED, FAILED or SKIPPED
+    longrepr: str = ""  # the formatted traceback, or the skip reason
+    duration_s: float = 0.0
+    dirty: list[str] = dataclasses.field(default_factory=list)  # why this rank's group can't be reused
+    rss_bytes: int = 0

@@ -1,0 +1,286 @@
+"""The controller side: warm worker groups, kept per (world size, backend, devices) and reused.
+
+Every wait here has a deadline. A group that hangs, crashes or is left unfit is never cleaned up over the
+network (a barrier on a broken group deadlocks): its stacks are taken out of band, its processes
+killed, and the next test gets a fresh group forked from a server that has torch already imported.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+from .messages import FAILED, GroupSpec, RankResult, Task
+from .report import CRASHED, HUNG, DistributedTestFailure, GroupOutcome, RankReport, exit_reason
+from .runner import STACK_SIGNAL, rank_files, worker_main
+
+FAILURE_GRACE_S = 2.0  # how long the other ranks get to finish after one fails before they count as hung
+STACK_WAIT_S = 2.0
+RECYCLE_RSS_GROWTH = 2 << 30  # a worker that grew this much since it started is replaced
+
+PRELOAD = ["__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.runner"]
+
+
+def forkserver_context(start_method: str = "forkserver") -> multiprocessing.context.BaseContext:
+    """Workers fork from a server that has imported torch once: a group starts in a fraction of a second.
+
+    ``spawn`` (a fresh interpreter per rank) is only for measuring what the pool saves.
+    """
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def warm_up(ctx: multiprocessing.context.BaseContext) -> None:
+    """Start the forkserver now so its torch import overlaps with collection."""
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+class WorkerGroup:
+    """N processes, one per rank, joined in one process group."""
+
+    def __init__(self, spec: GroupSpec, ctx: multiprocessing.context.BaseContext) -> None:
+        self.spec = spec
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.conns: list[Connection] = []
+        self.start_rss: list[int] = []
+        self.tasks_run = 0
+        for rank in range(spec.world_size):
+            parent_conn, child_conn = ctx.Pipe()
+            proc = ctx.Process(
+                target=worker_main, args=(spec, rank, child_conn), name=f"collectives-rank{rank}", daemon=True
+            )
+            proc.start()
+            child_conn.close()
+            self.procs.append(proc)
+            self.conns.append(parent_conn)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def wait_ready(self, timeout_s: float) -> GroupOutcome | None:
+        """None once every rank joined the group; otherwise what went wrong, the group killed."""
+        outcome = self._collect(timeout_s, expect="ready")
+        return None if outcome.verdict() == "passed" else outcome
+
+    def run(self, task: Task, timeout_s: float) -> tuple[GroupOutcome, list[RankResult]]:
+        payload = pickle.dumps(task)
+        for conn in self.conns:
+            conn.send_bytes(payload)
+        self.tasks_run += 1
+        results: list[RankResult] = []
+        outcome = self._collect(timeout_s, expect="result", results=results)
+        if not self.start_rss:
+            self.start_rss = [r.rss_bytes for r in results]
+        return outcome, results
+
+    def fit_for_reuse(self, results: list[RankResult]) -> list[str]:
+        """Reasons to replace the group after a test that every rank finished."""
+        reasons = sorted({f"rank {r.rank}: {why}" for r in results for why in r.dirty})
+        for r in results:
+            if self.start_rss and r.rss_bytes - self.start_rss[r.rank] > RECYCLE_RSS_GROWTH:
+                reasons.append(f"rank {r.rank} grew by {(r.rss_bytes - self.start_rss[r.rank]) >> 20} MiB")
+        return reasons
+
+    def _collect(self, timeout_s: float, expect: str, results: list[RankResult] | None = None) -> GroupOutcome:
+        n = self.spec.world_size
+        reports: dict[int, RankReport] = {}
+        first_failed: int | None = None
+        deadline = time.monotonic() + timeout_s
+        by_conn = {conn: rank for rank, conn in enumerate(self.conns)}
+        by_sentinel = {p.sentinel: rank for rank, p in enumerate(self.procs)}
+        while len(reports) < n:
+            limit = deadline if first_failed is None else min(deadline, failed_at + FAILURE_GRACE_S)
+            waiting = [c for c, r in by_conn.items() if r not in reports]
+            waiting += [s for s, r in by_sentinel.items() if r not in reports]
+            ready = wait(waiting, timeout=max(0.0, limit - time.monotonic()))
+            if not ready:
+                break
+            for obj in ready:
+                rank = by_conn.get(obj, by_sentinel.get(obj))  # type: ignore[arg-type]
+                if rank in reports:
+                    continue
+                report = self._receive(rank, expect, results)
+                if report is None:
+                    continue
+                reports[rank] = report
+                if report.status in (FAILED, CRASHED) and first_failed is None:
+                    first_failed, failed_at = rank, time.monotonic()
+        missing = [r for r in range(n) if r not in reports]
+        if missing:
+            stacks = self._dump_stacks(missing)
+            for rank in missing:
+                reports[rank] = RankReport(rank, HUNG, stack=stacks.get(rank, "(no stack was written)"))
+        outcome = GroupOutcome([reports[r] for r in range(n)], first_failed, timeout_s)
+        self._attach_output(outcome)
+        if missing or any(r.status == CRASHED for r in outcome.ranks):
+            outcome.replaced.append("a rank hung or crashed")
+            self.kill()
+        return outcome
+
+    def _receive(self, rank: int, expect: str, results: list[RankResult] | None) -> RankReport | None:
+        conn = self.conns[rank]
+        try:
+            if conn.poll():
+                kind, payload = conn.recv()
+                if kind == "ready":
+                    return RankReport(rank, "passed")
+                results.append(payload)  # type: ignore[union-attr]
+                return RankReport(rank, payload.outcome, payload.longrepr)
+        except (EOFError, OSError):
+            pass
+        proc = self.procs[rank]
+        proc.join(timeout=1.0)
+        if proc.exitcode is None:
+            return None  # the pipe was readable for another reason; keep waiting
+        return RankReport(rank, CRASHED, exit_reason(proc.exitcode))
+
+    def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        files = {r: rank_files(self.spec.workdir, r)["stack"] for r in ranks}
+        for rank in ranks:
+            try:
+                os.kill(self.procs[rank].pid, STACK_SIGNAL)  # type: ignore[arg-type]
+            except ProcessLookupError:
+                pass
+        # faulthandler writes from a signal handler: done once every file is non-empty and stops growing
+        deadline = time.monotonic() + STACK_WAIT_S
+        sizes: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = {r: (p.stat().st_size if p.exists() else 0) for r, p in files.items()}
+            if all(now.values()) and now == sizes:
+                break
+            sizes = now
+        return {r: _test_frames(text) for r, p in files.items() if (text := _read(p))}
+
+    def _attach_output(self, outcome: GroupOutcome) -> None:
+        for report in outcome.ranks:
+            files = rank_files(self.spec.workdir, report.rank)
+            report.stdout = _read(files["stdout"])
+            report.stderr = _read(files["stderr"])
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.pid is not None and proc.exitcode is None:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            proc.join(timeout=5.0)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+        shutil.rmtree(self.spec.workdir, ignore_errors=True)
+
+    def stop(self) -> None:
+        """Ask the ranks to leave, then kill whatever did not: never block on a group."""
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 1.0
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+
+def _test_frames(stack: str) -> str:
+    """A faulthandler dump without the frames of the harness below the test (runner, multiprocessing)."""
+    harness = (os.path.dirname(multiprocessing.__file__), rank_files.__code__.co_filename, '"<string>"')
+    return "\n".join(line for line in stack.splitlines() if not any(h in line for h in harness))
+
+
+def _read(path: Path) -> str:
+    try:
+        # most tests print nothing: a stat is a quarter of the cost of opening the file
+        return path.read_text(errors="replace") if path.stat().st_size else ""
+    except OSError:
+        return ""
+
+
+class GroupPool:
+    """Warm groups keyed by (world size, backend, devices), started lazily, replaced when unfit."""
+
+    def __init__(
+        self,
+        backend: str,
+        timeout_s: float,
+        gpus: int = 0,
+        start_method: str = "forkserver",
+        root: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.gpus = gpus
+        self.ctx = forkserver_context(start_method)
+        self.root = tempfile.mkdtemp(prefix="collectives-", dir=root)
+        self.groups: dict[tuple[int, str, tuple[int, ...]], WorkerGroup] = {}
+        self.started = 0
+
+    def spec_for(self, world_size: int) -> GroupSpec:
+        devices = tuple(range(world_size)) if self.gpus else ()
+        cores = len(os.sched_getaffinity(0))
+        workdir = tempfile.mkdtemp(prefix=f"ws{world_size}-", dir=self.root)
+        return GroupSpec(
+            world_size=world_size,
+            backend=self.backend,
+            devices=devices,
+            store_path=os.path.join(workdir, "store"),
+            workdir=workdir,
+            timeout_s=self.timeout_s + 60.0,
+            threads_per_rank=max(1, cores // world_size),
+        )
+
+    def group(self, world_size: int) -> WorkerGroup:
+        """A warm group of ``world_size`` ranks; raises DistributedTestFailure if one can't be started."""
+        key = (world_size, self.backend, tuple(range(world_size)) if self.gpus else ())
+        group = self.groups.get(key)
+        if group is not None and group.procs and all(p.is_alive() for p in group.procs):
+            return group
+        if group is not None:
+            group.kill()
+        group = WorkerGroup(self.spec_for(world_size), self.ctx)
+        self.started += 1
+        failure = group.wait_ready(self.timeout_s)
+        if failure is not None:
+            failure.replaced.append("the group failed to start")
+            raise DistributedTestFailure(failure)
+        self.groups[key] = group
+        return group
+
+    def run(self, task: Task, world_size: int) -> GroupOutcome:
+        group = self.group(world_size)
+        outcome, results = group.run(task, self.timeout_s)
+        if len(results) == world_size:
+            reasons = group.fit_for_reuse(results)
+            if reasons:
+                outcome.replaced.extend(reasons)
+                group.kill()
+        return outcome
+
+    def discard(self, world_size: int) -> None:
+        for key in [k for k in self.groups if k[0] == world_size]:
+            self.groups.pop(key).kill()
+
+    def pids(self) -> list[int]:
+        return [pid for g in self.groups.values() for pid in g.pids]
+
+    def close(self) -> None:
+        for group in self.groups.values():
+            group.stop()
+        self.groups.clear()
+        shutil.rmtree(self.root, ignore_errors=True)

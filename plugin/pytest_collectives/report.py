@@ -1,0 +1,115 @@
+"""Turning what every rank did into one test verdict and a readable failure report."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .messages import FAILED, PASSED, SKIPPED
+
+CRASHED = "crashed"
+HUNG = "hung"
+
+
+@dataclasses.dataclass
+class RankReport:
+    rank: int
+    status: str  # PASSED, FAILED, SKIPPED, CRASHED or HUNG
+    detail: str = ""  # traceback, skip reason or exit reason
+    stack: str = ""  # Python stacks of a hung rank
+    stdout: str = ""
+    stderr: str = ""
+
+
+@dataclasses.dataclass
+class GroupOutcome:
+    ranks: list[RankReport]
+    first_failed: int | None = None  # the likely cause when several ranks fail
+    timeout_s: float = 0.0
+    replaced: list[str] = dataclasses.field(default_factory=list)  # why the group was thrown away
+
+    def verdict(self) -> str:
+        statuses = {r.status for r in self.ranks}
+        if statuses == {PASSED}:
+            return PASSED
+        if statuses == {SKIPPED}:
+            return SKIPPED
+        return FAILED
+
+    def skip_reason(self) -> str:
+        return self.ranks[0].detail
+
+    def render(self) -> str:
+        """The failure text: a summary line, then each failing rank in order, the likely cause first."""
+        bad = [r for r in self.ranks if r.status != PASSED]
+        lines = [self._summary(bad)]
+        order = sorted(bad, key=lambda r: (r.rank != self.first_failed, r.rank))
+        for report in order:
+            lines.append("")
+            lines.append(f"{'=' * 20} rank {report.rank}: {self._describe(report)} {'=' * 20}")
+            if report.detail:
+                lines.append(report.detail.rstrip())
+            if report.stack:
+                lines.append("Python stacks at the time it was stopped:")
+                lines.append(report.stack.rstrip())
+        return "\n".join(lines)
+
+    def _summary(self, bad: list[RankReport]) -> str:
+        n = len(self.ranks)
+        by_status: dict[str, list[int]] = {}
+        for report in self.ranks:
+            by_status.setdefault(report.status, []).append(report.rank)
+        parts = [f"{status} on rank{'s' * (len(r) > 1)} {_ranks(r)}" for status, r in sorted(by_status.items())]
+        head = f"{len(bad)} of {n} ranks did not pass ({'; '.join(parts)})"
+        if self.first_failed is not None and len(bad) > 1:
+            head += f"; rank {self.first_failed} failed first"
+        if self.replaced:
+            head += f"; the group was replaced: {'; '.join(self.replaced)}"
+        return head
+
+    def _describe(self, report: RankReport) -> str:
+        first = " (first to fail)" if report.rank == self.first_failed and report.status != PASSED else ""
+        if report.status == HUNG:
+            why = (
+                f"still running {self.timeout_s:g} s after the test started (--dist-timeout)"
+                if self.first_failed is None
+                else f"still running after rank {self.first_failed} failed"
+            )
+            return f"HUNG, {why}{first}"
+        return f"{report.status.upper()}{first}"
+
+    def sections(self) -> list[tuple[str, str]]:
+        """(title, text) of every rank's captured output, for pytest's report sections."""
+        out = []
+        for report in self.ranks:
+            for name in ("stdout", "stderr"):
+                text = getattr(report, name)
+                if text:
+                    out.append((f"{name} rank {report.rank}", text))
+        return out
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks))
+
+
+def exit_reason(exitcode: int | None) -> str:
+    import signal
+
+    if exitcode is None:
+        return "exited, exit status unknown"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (by the OOM killer or another process)" if name == "SIGKILL" else ""
+        return f"killed by {name}{hint}"
+    return f"exited with status {exitcode} in the middle of a test"
+
+
+class DistributedTestFailure(Exception):
+    """Raised in the controller when a distributed test did not pass on every rank."""
+
+    def __init__(self, outcome: GroupOutcome) -> None:
+        super().__init__(outcome.render())
+        self.outcome = outcome

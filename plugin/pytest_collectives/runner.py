@@ -1,0 +1,319 @@
+"""The rank side: joins a process group once, then runs the tests the controller names, one at a time.
+
+A worker never decides its own fate: it reports each test's outcome and whether its group is still fit
+for reuse, and the controller kills and replaces groups. Stacks for hung ranks come out of band
+(faulthandler on SIGUSR1) because a rank stuck in a native wait cannot run Python to answer.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import ctypes
+import dataclasses
+import datetime
+import faulthandler
+import functools
+import importlib
+import importlib.util
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+import types
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .messages import FAILED, PASSED, SKIPPED, GroupSpec, RankResult, Task
+
+STACK_SIGNAL = signal.SIGUSR1
+PENDING_GRACE_S = 2.0  # NCCL work completes on the GPU a little after the host returns
+
+
+def rank_files(workdir: str | Path, rank: int) -> dict[str, Path]:
+    """Where a rank's stdout, stderr and stack dump land: the controller reads them even after a kill."""
+    base = Path(workdir)
+    return {kind: base / f"rank{rank}.{kind}" for kind in ("stdout", "stderr", "stack")}
+
+
+@dataclasses.dataclass(repr=False)
+class RankContext:
+    """What a distributed test receives as its ``pg`` fixture, on every rank."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    seed: int
+    _subgroups: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return dist.group.WORLD
+
+    def new_group(self, ranks: list[int] | tuple[int, ...]) -> dist.ProcessGroup | None:
+        """A subgroup of ``ranks``; every rank must call this with the same ranks (as with ``new_group``).
+
+        Subgroups are cached for the life of the worker group: creating one is a collective rendezvous,
+        far slower than the tests that use it. Ranks outside the subgroup get None.
+        """
+        key = tuple(sorted(set(ranks)))
+        if key not in self._subgroups:
+            self._subgroups[key] = dist.new_group(list(key))
+        return self._subgroups[key] if self.rank in key else None
+
+    def __repr__(self) -> str:
+        return f"<pg rank {self.rank} of {self.world_size}, {self.backend} on {self.device}>"
+
+    def generator(self, rank: int | None = None) -> torch.Generator:
+        """A CPU generator seeded from this test's seed and ``rank``: any rank can rebuild another's data."""
+        return torch.Generator().manual_seed(self.seed * 1009 + (self.rank if rank is None else rank))
+
+
+# --- process hygiene ------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    # Our parent is the forkserver, which exits when pytest does: PDEATHSIG turns that into our end,
+    # even if we are stuck in a collective and can't read the EOF on our pipe.
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def _open_capture(path: Path) -> int:
+    # O_APPEND: after a truncate, writes start again at offset 0 instead of leaving a hole.
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
+
+
+class _Capture:
+    """Per-test capture of fd 1 and 2, so output from C++ (gloo, NCCL) is kept too."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.fds = {1: _open_capture(files["stdout"]), 2: _open_capture(files["stderr"])}
+        for target, fd in self.fds.items():
+            os.dup2(fd, target)
+
+    def reset(self) -> None:
+        self.flush()
+        for fd in self.fds.values():
+            os.ftruncate(fd, 0)
+
+    @staticmethod
+    def flush() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+
+
+# --- tracking async ops a test left behind --------------------------------------------------------
+
+_ASYNC_OPS = (
+    "isend", "irecv", "batch_isend_irecv", "all_reduce", "reduce", "broadcast", "all_gather",
+    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "gather", "scatter", "barrier",
+)  # fmt: skip
+_issued_work: list[Any] = []
+
+
+def _track_async_ops() -> None:
+    """Wrap torch.distributed's async entry points to remember the Work objects they hand out."""
+
+    def tracked(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            if isinstance(result, list):
+                _issued_work.extend(w for w in result if hasattr(w, "is_completed"))
+            elif hasattr(result, "is_completed"):
+                _issued_work.append(result)
+            return result
+
+        return wrapper
+
+    for name in _ASYNC_OPS:
+        if hasattr(dist, name):
+            setattr(dist, name, tracked(getattr(dist, name)))
+
+
+def _pending_ops() -> int:
+    deadline = time.monotonic() + PENDING_GRACE_S
+    while True:
+        pending = [w for w in _issued_work if not w.is_completed()]
+        if not pending or time.monotonic() > deadline:
+            return len(pending)
+        time.sleep(0.01)
+
+
+# --- loading and calling the test -----------------------------------------------------------------
+
+
+def _load_module(name: str, path: str) -> types.ModuleType:
+    """Import the test module as pytest did, with pytest's assertion rewriting so failures show values."""
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        source = Path(path).read_bytes()
+        tree = ast.parse(source, filename=path)
+        rewrite_asserts(tree, source, Path(path), None)
+        code = compile(tree, path, "exec", dont_inherit=True)
+    except Exception:
+        return importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def resolve_test(task: Task) -> Callable[..., Any]:
+    if task.sys_path != sys.path:
+        sys.path[:] = task.sys_path
+    obj: Any = _load_module(task.module, task.path)
+    owner = None
+    for part in task.qualname.split("."):
+        obj = getattr(obj, part)
+        if isinstance(obj, type):
+            owner = obj = obj()  # a test class: pytest calls methods on a fresh instance
+    if task.hypothesis_inner:
+        inner = obj.hypothesis.inner_test
+        return inner if owner is None else functools.partial(inner, owner)
+    return obj
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    # torch.manual_seed visits every device's generator: 160 us a call, most of an empty test's dispatch
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed % 2**32)
+
+
+def _outcome_of(exc: BaseException, tb: types.TracebackType | None) -> tuple[str, str]:
+    import pytest
+
+    if isinstance(exc, pytest.skip.Exception):
+        return SKIPPED, str(exc.msg)
+    return FAILED, "".join(traceback.format_exception(type(exc), exc, _without_harness(tb)))
+
+
+def _without_harness(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback from the test's frame on, without this module's frames (the op-tracking wrappers)."""
+    frames = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != __file__:
+            frames.append(tb)
+        tb = tb.tb_next
+    head = None
+    for frame in reversed(frames):
+        head = types.TracebackType(head, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    return head
+
+
+def _health(spec: GroupSpec, device: torch.device) -> list[str]:
+    """Reasons this rank's group can't run the next test; empty when it is fit for reuse."""
+    reasons = []
+    if not dist.is_initialized():
+        return ["the test destroyed the default process group"]
+    if dist.get_world_size() != spec.world_size:
+        reasons.append("the default process group was replaced")
+    pending = _pending_ops()
+    if pending:
+        reasons.append(f"the test left {pending} async op(s) unfinished")
+    if torch.get_default_device() != torch.device("cpu"):
+        reasons.append(f"the test changed the default device to {torch.get_default_device()}")
+    if torch.get_default_dtype() != torch.float32:
+        reasons.append(f"the test changed the default dtype to {torch.get_default_dtype()}")
+    if device.type == "cuda" and torch.cuda.current_device() != device.index:
+        reasons.append(f"the test changed the current CUDA device to {torch.cuda.current_device()}")
+    return reasons
+
+
+def run_task(task: Task, ctx: RankContext, spec: GroupSpec, capture: _Capture) -> RankResult:
+    capture.reset()
+    _issued_work.clear()
+    ctx.seed = task.seed
+    seed_everything(task.seed)
+    start = time.perf_counter()
+    try:
+        fn = resolve_test(task)
+        kwargs = {k: (ctx if k == "pg" else v) for k, v in task.kwargs.items()}
+        fn(**kwargs)
+        outcome, longrepr = PASSED, ""
+    except BaseException as exc:  # noqa: BLE001 - every outcome, skips included, goes back to pytest
+        outcome, longrepr = _outcome_of(exc, exc.__traceback__)
+    duration = time.perf_counter() - start
+    capture.flush()
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+    dirty = _health(spec, ctx.device)
+    rss = os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[1])
+    return RankResult(ctx.rank, outcome, longrepr, duration, dirty, rss)
+
+
+# --- the worker's life ----------------------------------------------------------------------------
+
+
+def _init_process_group(spec: GroupSpec, rank: int, device: torch.device) -> None:
+    store = dist.FileStore(spec.store_path, spec.world_size)
+    kwargs: dict[str, Any] = {}
+    if spec.backend == "nccl":
+        kwargs["device_id"] = device  # eager NCCL init: a broken GPU fails at start, not mid-test
+    dist.init_process_group(
+        spec.backend,
+        store=store,
+        rank=rank,
+        world_size=spec.world_size,
+        timeout=datetime.timedelta(seconds=spec.timeout_s),
+        **kwargs,
+    )
+
+
+def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
+    """Entry point of one rank (run in a process forked from the preloaded forkserver)."""
+    _die_with_parent()
+    files = rank_files(spec.workdir, rank)
+    capture = _Capture(files)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, file=open(files["stack"], "w"), all_threads=True)  # noqa: SIM115
+    # Local groups talk over loopback only.
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    os.environ["NCCL_SOCKET_IFNAME"] = "lo"
+    if spec.devices:
+        # Before CUDA initialises: the group sees exactly its GPUs, rank r drives cuda:r.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.devices))
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    torch.set_num_threads(spec.threads_per_rank)
+    _track_async_ops()
+    ctx = RankContext(rank, spec.world_size, spec.backend, device, seed=0)
+    _init_process_group(spec, rank, device)
+    conn.send(("ready", rank))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            break  # the controller is gone
+        if task is None:
+            break
+        conn.send(("result", run_task(task, ctx, spec, capture)))
+    os._exit(0)  # skip interpreter teardown: torch's atexit hooks can block on a broken group
