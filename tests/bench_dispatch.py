@@ -57,7 +57,9 @@ def main() -> None:
             pool.run(task, n)  # warm: module imported on every rank
             samples = [timed(lambda n=n: pool.run(task, n)) for _ in range(args.repeat)]
             rows.append((f"empty test on a warm {n}-rank group, median", statistics.median(samples) * 1e3))
-            rows.append((f"empty test on a warm {n}-rank group, p90", statistics.quantiles(samples, n=10)[-1] * 1e3))
+            rows.append(
+                (f"empty test on a warm {n}-rank group, p90", statistics.quantiles(samples, n=10)[-1] * 1e3)
+            )
     finally:
         pool.close()
 
@@ -66,7 +68,9 @@ def main() -> None:
         per_test = []
         for _ in range(args.spawn_repeat):
             per_test.append(timed(lambda: (spawn.run(task, 4), spawn.discard(4))))
-        rows.append(("spawn-per-test (fresh interpreters), 4 ranks, median", statistics.median(per_test) * 1e3))
+        rows.append(
+            ("spawn-per-test (fresh interpreters), 4 ranks, median", statistics.median(per_test) * 1e3)
+        )
     finally:
         spawn.close()
 

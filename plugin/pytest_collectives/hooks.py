@@ -6,6 +6,7 @@ import functools
 import hashlib
 import pickle
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -43,6 +44,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(DistributedSession(config, settings), "collectives-session")
 
 
+class GroupReplacedWarning(pytest.PytestWarning):
+    """A test left its group unfit for the next one (its own verdict stands); a fresh group was started."""
+
+
 class OnRanks:
     """What ``pg`` is in the controller: the real one exists only on the ranks."""
 
@@ -58,7 +63,8 @@ class OnRanks:
 @pytest.fixture(scope="session")
 def world_size(request: pytest.FixtureRequest) -> int:
     pytest.fail(
-        f"{request.node.nodeid} uses world_size/pg but has no @pytest.mark.world_size(...) marker", pytrace=False
+        f"{request.node.nodeid} uses world_size/pg but has no @pytest.mark.world_size(...) marker",
+        pytrace=False,
     )
 
 
@@ -175,6 +181,13 @@ class DistributedSession:
             for title, text in outcome.sections():
                 sys.stdout.write("".join(f"[{title}] {line}\n" for line in text.splitlines()))
         verdict = outcome.verdict()
+        if outcome.replaced and verdict != "failed":
+            warnings.warn_explicit(
+                GroupReplacedWarning(f"worker group replaced: {'; '.join(outcome.replaced)}"),
+                category=None,
+                filename=str(item.path),
+                lineno=item.function.__code__.co_firstlineno,
+            )
         if verdict == "skipped":
             pytest.skip(outcome.skip_reason())
         if verdict == "failed":

@@ -84,7 +84,9 @@ def _timeout(text: str) -> float:
     try:
         timeout = float(text)
     except ValueError:
-        raise OptionError(f"--dist-timeout {text}: expected a number of seconds, e.g. --dist-timeout 120") from None
+        raise OptionError(
+            f"--dist-timeout {text}: expected a number of seconds, e.g. --dist-timeout 120"
+        ) from None
     if not timeout > 0 or timeout == float("inf"):
         raise OptionError(f"--dist-timeout {text}: the timeout must be a positive number of seconds")
     return timeout

@@ -72,7 +72,7 @@ class WorkerGroup:
 
     def wait_ready(self, timeout_s: float) -> GroupOutcome | None:
         """None once every rank joined the group; otherwise what went wrong, the group killed."""
-        outcome = self._collect(timeout_s, expect="ready")
+        outcome = self._collect(timeout_s)
         return None if outcome.verdict() == "passed" else outcome
 
     def run(self, task: Task, timeout_s: float) -> tuple[GroupOutcome, list[RankResult]]:
@@ -81,7 +81,7 @@ class WorkerGroup:
             conn.send_bytes(payload)
         self.tasks_run += 1
         results: list[RankResult] = []
-        outcome = self._collect(timeout_s, expect="result", results=results)
+        outcome = self._collect(timeout_s, results)
         if not self.start_rss:
             self.start_rss = [r.rss_bytes for r in results]
         return outcome, results
@@ -94,10 +94,13 @@ class WorkerGroup:
                 reasons.append(f"rank {r.rank} grew by {(r.rss_bytes - self.start_rss[r.rank]) >> 20} MiB")
         return reasons
 
-    def _collect(self, timeout_s: float, expect: str, results: list[RankResult] | None = None) -> GroupOutcome:
+    def _collect(self, timeout_s: float, results: list[RankResult] | None = None) -> GroupOutcome:
+        """Wait for every rank's answer (ready, or a test result) until the deadline; a rank that gave
+        none by then is hung, and one that failed starts a short grace period for the others."""
         n = self.spec.world_size
         reports: dict[int, RankReport] = {}
         first_failed: int | None = None
+        failed_at = 0.0
         deadline = time.monotonic() + timeout_s
         by_conn = {conn: rank for rank, conn in enumerate(self.conns)}
         by_sentinel = {p.sentinel: rank for rank, p in enumerate(self.procs)}
@@ -112,7 +115,7 @@ class WorkerGroup:
                 rank = by_conn.get(obj, by_sentinel.get(obj))  # type: ignore[arg-type]
                 if rank in reports:
                     continue
-                report = self._receive(rank, expect, results)
+                report = self._receive(rank, results)
                 if report is None:
                     continue
                 reports[rank] = report
@@ -130,7 +133,7 @@ class WorkerGroup:
             self.kill()
         return outcome
 
-    def _receive(self, rank: int, expect: str, results: list[RankResult] | None) -> RankReport | None:
+    def _receive(self, rank: int, results: list[RankResult] | None) -> RankReport | None:
         conn = self.conns[rank]
         try:
             if conn.poll():

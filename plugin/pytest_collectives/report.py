@@ -58,7 +58,9 @@ class GroupOutcome:
         by_status: dict[str, list[int]] = {}
         for report in self.ranks:
             by_status.setdefault(report.status, []).append(report.rank)
-        parts = [f"{status} on rank{'s' * (len(r) > 1)} {_ranks(r)}" for status, r in sorted(by_status.items())]
+        parts = [
+            f"{status} on rank{'s' * (len(r) > 1)} {_ranks(r)}" for status, r in sorted(by_status.items())
+        ]
         head = f"{len(bad)} of {n} ranks did not pass ({'; '.join(parts)})"
         if self.first_failed is not None and len(bad) > 1:
             head += f"; rank {self.first_failed} failed first"

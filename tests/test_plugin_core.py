@@ -1,0 +1,461 @@
+"""The plugin core end to end: real process groups driven through pytester."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+HEADER = """
+import os, signal, time
+import pytest
+import torch
+import torch.distributed as dist
+"""
+
+
+def make(pytester: pytest.Pytester, body: str) -> None:
+    pytester.makepyfile(test_it=HEADER + textwrap.dedent(body))
+
+
+def test_body_runs_on_every_rank_of_a_real_group(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(2, 3)
+        def test_sum(pg):
+            t = torch.tensor([float(pg.rank + 1)])
+            dist.all_reduce(t)
+            assert t.item() == pg.world_size * (pg.world_size + 1) / 2
+            assert dist.get_rank() == pg.rank and dist.get_world_size() == pg.world_size
+            assert pg.backend == "gloo" and pg.device == torch.device("cpu")
+
+        def test_plain_tests_are_untouched():
+            assert "torch.distributed" not in str(type(os))
+        """,
+    )
+    result = pytester.runpytest("-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*test_sum?ws2? PASSED*", "*test_sum?ws3? PASSED*"])
+
+
+def test_configured_world_sizes_parametrize_unsized_marker(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size()
+        def test_sizes(pg):
+            assert dist.get_world_size() == pg.world_size
+        """,
+    )
+    result = pytester.runpytest("-v", "--world-sizes", "2,4")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_sizes?ws2?*", "*test_sizes?ws4?*"])
+
+
+def test_rank_divergent_failure_names_the_rank_and_keeps_every_output(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(4)
+        def test_rank_two(pg):
+            print(f"hello from rank {pg.rank}")
+            assert pg.rank != 2, "rank two disagrees"
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*1 of 4 ranks did not pass (failed on rank 2; passed on ranks 0,1,3)*",
+            "*rank 2: FAILED (first to fail)*",
+            "*assert pg.rank != 2*",
+            "*AssertionError: rank two disagrees*",
+            "*Captured stdout rank 0*",
+            "hello from rank 0",
+            "*Captured stdout rank 3*",
+            "hello from rank 3",
+        ]
+    )
+
+
+def test_every_failing_rank_gets_its_traceback(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(3)
+        def test_all_fail(pg):
+            raise ValueError(f"bad value on rank {pg.rank}")
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    for rank in range(3):
+        result.stdout.fnmatch_lines([f"*rank {rank}: FAILED*", f"ValueError: bad value on rank {rank}"])
+
+
+def test_capture_off_prints_rank_output_live(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(2)
+        def test_prints(pg):
+            print(f"visible from rank {pg.rank}")
+        """,
+    )
+    result = pytester.runpytest("-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["*[[]stdout rank 0[]] visible from rank 0*", "*[[]stdout rank 1[]] visible from rank 1*"]
+    )
+
+
+def test_hang_is_reported_with_stacks_and_the_session_goes_on(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(2)
+        def test_mismatched_recv(pg):
+            if pg.rank == 0:
+                dist.recv(torch.zeros(1), src=1)  # nobody sends
+
+        @pytest.mark.world_size(2)
+        def test_next(pg):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2
+        """,
+    )
+    start = time.monotonic()
+    result = pytester.runpytest("--dist-timeout", "3", "-p", "no:randomly")
+    elapsed = time.monotonic() - start
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*hung on rank 0*",
+            "*rank 0: HUNG, still running 3 s after the test started (--dist-timeout)*",
+            "*test_it.py*in test_mismatched_recv",
+        ]
+    )
+    assert elapsed < 3 + 5 + 2, f"hang took {elapsed:.1f}s to report"  # + startup of the group
+
+
+@pytest.mark.parametrize(
+    "crash, reason",
+    [
+        ("os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL*OOM killer*"),
+        ("os._exit(7)", "exited with status 7*"),
+        ("import ctypes; ctypes.string_at(0)", "killed by SIGSEGV*"),
+    ],
+    ids=["sigkill", "exit", "segfault"],
+)
+def test_crash_fails_the_test_and_the_next_one_passes(
+    pytester: pytest.Pytester, crash: str, reason: str
+) -> None:
+    make(
+        pytester,
+        f"""
+        @pytest.mark.world_size(2)
+        def test_crash(pg):
+            if pg.rank == 1:
+                {crash}
+            dist.barrier()
+
+        @pytest.mark.world_size(2)
+        def test_next(pg):
+            dist.barrier()
+        """,
+    )
+    result = pytester.runpytest("--dist-timeout", "20")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*rank 1: CRASHED (first to fail)*", reason])
+
+
+def test_memory_error_is_an_ordinary_failure(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(2)
+        def test_oom(pg):
+            if pg.rank == 0:
+                import resource
+                resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+                hog = []
+                while True:
+                    hog.append(bytearray(256 << 20))
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*rank 0: FAILED*", "MemoryError*"])
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        ("dist.destroy_process_group()", "the test destroyed the default process group*"),
+        (
+            "dist.isend(torch.ones(1), dst=(pg.rank + 1) % 2) if pg.rank == 0 else None",
+            "the test left 1 async op(s) unfinished",
+        ),
+        ("torch.set_default_device('meta')", "the test changed the default device to meta*"),
+    ],
+    ids=["destroyed", "pending-op", "default-device"],
+)
+def test_bad_group_state_is_detected_and_replaced(pytester: pytest.Pytester, damage: str, why: str) -> None:
+    make(
+        pytester,
+        f"""
+        @pytest.mark.world_size(2)
+        def test_damage(pg):
+            {damage}
+
+        @pytest.mark.world_size(2)
+        def test_next(pg):
+            assert dist.is_initialized()
+            assert torch.get_default_device() == torch.device("cpu")
+            t = torch.full((4,), float(pg.rank))
+            dist.all_reduce(t)
+            assert t.tolist() == [1.0] * 4
+        """,
+    )
+    result = pytester.runpytest("-W", "always")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(
+        ["*test_it.py:*: GroupReplacedWarning: worker group replaced: rank 0: " + why]
+    )
+
+
+def test_ranks_share_seed_and_can_rebuild_each_others_inputs(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(3)
+        def test_rebuild(pg):
+            mine = torch.randn(5, generator=pg.generator())
+            gathered = [torch.empty(5) for _ in range(pg.world_size)]
+            dist.all_gather(gathered, mine)
+            for r in range(pg.world_size):
+                assert torch.equal(gathered[r], torch.randn(5, generator=pg.generator(r)))
+            seeds = [None] * pg.world_size
+            dist.all_gather_object(seeds, (pg.seed, torch.rand(1).item()))
+            assert len(set(seeds)) == 1, seeds
+        """,
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_hypothesis_examples_run_on_every_rank_with_the_same_values(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        from hypothesis import given, settings, strategies as st
+
+        @pytest.mark.world_size(2)
+        @settings(max_examples=25, deadline=None, database=None)
+        @given(n=st.integers(0, 1000), word=st.text(max_size=5))
+        def test_same_example(pg, n, word):
+            seen = [None] * pg.world_size
+            dist.all_gather_object(seen, (n, word, pg.seed))
+            assert len(set(seen)) == 1, seen
+
+        @pytest.mark.world_size(2)
+        @settings(max_examples=50, deadline=None, database=None)
+        @given(n=st.integers(0, 1000))
+        def test_shrinks(pg, n):
+            assert n < 100 or pg.rank == 0
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*Falsifying example: test_shrinks(*", "*n=100,*", "*rank 1: FAILED*"])
+
+
+def test_subgroups_from_the_pg_fixture(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(4)
+        def test_sub(pg):
+            for members in ([0, 2], [1, 2, 3]):
+                group = pg.new_group(members)
+                t = torch.ones(1)
+                if group is not None:
+                    dist.all_reduce(t, group=group)
+                    assert t.item() == len(members)
+                else:
+                    assert pg.rank not in members
+        """,
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_gpu_marker_skips_with_reason_on_cpu(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.gpu
+        @pytest.mark.world_size(2)
+        def test_needs_gpu(pg):
+            pass
+        """,
+    )
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*needs CUDA GPUs: run with --gpus N on a GPU machine*"])
+
+
+def test_skip_inside_the_ranks_skips_the_test(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(2)
+        def test_skips(pg):
+            pytest.skip("gloo has no AVG")
+        """,
+    )
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*gloo has no AVG*"])
+
+
+def test_unpicklable_argument_is_a_clear_failure(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        @pytest.fixture
+        def handle():
+            return lambda: 1
+
+        @pytest.mark.world_size(2)
+        def test_uses(pg, handle):
+            pass
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*argument(s) handle can't be sent to the ranks*"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gpus", "-1"], "--gpus -1: the number of GPUs can't be negative*"),
+        (["--gpus", "two"], "--gpus two: expected a whole number of GPUs*"),
+        (["--gpus", "2"], "--gpus 2: no CUDA GPU found on this machine*"),
+        (["--backend", "nccl"], "--backend nccl needs GPUs*"),
+        (["--backend", "mpi"], "--backend mpi: unknown backend*"),
+        (["--world-sizes", "0,2"], "--world-sizes 0,2: every world size must be at least 2 ranks"),
+        (["--world-sizes", "2,2"], "--world-sizes 2,2: a world size is listed twice*"),
+        (["--world-sizes", "2,x"], "--world-sizes 2,x: expected comma-separated whole numbers*"),
+        (["--dist-timeout", "0"], "--dist-timeout 0: the timeout must be a positive number*"),
+    ],
+)
+def test_usage_errors_are_one_line(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+def test_ini_options_are_validated_too(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nworld_sizes = 1,2\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --world-sizes 1,2: every world size must be at least 2 ranks"])
+
+
+# --- whole sessions in their own processes ---------------------------------------------------------
+
+PID_TEST = """
+import os, time
+import pytest
+import torch.distributed as dist
+
+@pytest.mark.world_size(2)
+def test_record(pg):
+    with open(os.environ["PIDS_FILE"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    dist.barrier()
+    time.sleep(float(os.environ.get("SLEEP", "0")))
+
+@pytest.mark.world_size(3)
+def test_other_size(pg):
+    with open(os.environ["PIDS_FILE"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    assert os.environ.get("FAIL") != "1"
+"""
+
+
+def _session(pytester: pytest.Pytester, tag: str, *args: str, **env: str) -> tuple[subprocess.Popen, str]:
+    pytester.makepyfile(**{f"test_{tag}": PID_TEST})
+    pids = str(pytester.path / f"{tag}.pids")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"test_{tag}.py", *args],
+        cwd=pytester.path,
+        env={**os.environ, "PIDS_FILE": pids, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return proc, pids
+
+
+def _alive(pids_file: str, timeout_s: float = 5.0) -> list[int]:
+    """Worker pids still alive, allowing the forkserver's exit a moment to reach them."""
+    pids = [int(line) for line in open(pids_file).read().split()]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [pid for pid in pids if _exists(pid)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is already dead: only its parent has not read its status yet
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize(
+    "args, env, stop",
+    [
+        ((), {}, None),
+        (("-x",), {"FAIL": "1"}, None),
+        ((), {"SLEEP": "60"}, signal.SIGINT),
+        ((), {"SLEEP": "60"}, signal.SIGKILL),
+    ],
+    ids=["normal", "exitfirst", "ctrl-c", "sigkill"],
+)
+def test_no_worker_outlives_the_session(pytester: pytest.Pytester, args, env, stop) -> None:
+    proc, pids = _session(pytester, "orphans", *args, **env)
+    if stop is not None:
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(pids) and len(open(pids).read().split()) >= 2):
+            assert time.monotonic() < deadline and proc.poll() is None, "workers never started"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(stop)
+    out, _ = proc.communicate(timeout=120)
+    assert open(pids).read().split(), out
+    assert _alive(pids) == [], f"workers left behind:\n{out}"
+
+
+def test_two_concurrent_sessions_do_not_collide(pytester: pytest.Pytester) -> None:
+    sessions = [_session(pytester, f"concurrent{i}") for i in range(2)]
+    for proc, _ in sessions:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out
+        assert "2 passed" in out, out
