@@ -92,22 +92,34 @@ def normalize_link(token: str) -> str:
     return "SYS" if token == "SOC" else token
 
 
+_TOPO_FIX = "pass the unmodified output of `nvidia-smi topo -m`"
+
+
+def _parse_header(header: str, where: str) -> tuple[tuple[str, ...], list[str]]:
+    """Device columns, then the affinity columns (whose names contain spaces, so split on known names)."""
+    first_affinity = min((header.find(c) for c in _AFFINITY_COLUMNS if c in header), default=len(header))
+    devices = tuple(header[:first_affinity].split())
+    extra_columns = re.findall("|".join(_AFFINITY_COLUMNS) + r"|\S+", header[first_affinity:])
+    if not devices:
+        raise TopologyError(f"{where}: the header names no devices (GPU0 ...); {_TOPO_FIX}")
+    odd = [d for d in devices if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]*", d)]
+    if odd:
+        raise TopologyError(f"{where}: {odd[0]!r} is not a device name; {_TOPO_FIX}")
+    if len(set(devices)) != len(devices):
+        raise TopologyError(f"{where}: the header repeats a device name; {_TOPO_FIX}")
+    return devices, extra_columns
+
+
 def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> TopoMatrix:
     """Parse `nvidia-smi topo -m` output (tabs or spaces); `source` names the input in error messages."""
-    fix = "pass the unmodified output of `nvidia-smi topo -m`"
+    fix = _TOPO_FIX
     # nvidia-smi underlines the header with terminal escapes even when writing to a pipe.
     lines = re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()
     numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     if not numbered:
         raise TopologyError(f"{source}: the text is empty; {fix}")
     header_no, header = numbered[0]
-    first_affinity = min((header.find(c) for c in _AFFINITY_COLUMNS if c in header), default=len(header))
-    devices = tuple(header[:first_affinity].split())
-    extra_columns = re.findall("|".join(_AFFINITY_COLUMNS) + r"|\S+", header[first_affinity:])
-    if not devices:
-        raise TopologyError(f"{source}: line {header_no}: the header names no devices (GPU0 ...); {fix}")
-    if len(set(devices)) != len(devices):
-        raise TopologyError(f"{source}: line {header_no}: the header repeats a device name; {fix}")
+    devices, extra_columns = _parse_header(header, f"{source}: line {header_no}")
 
     links: list[tuple[str, ...]] = []
     affinity: dict[str, dict[str, str]] = {}
@@ -275,12 +287,7 @@ def _positive_int(d: dict[str, Any], key: str) -> int:
 
 
 def _optional_positive_int(d: dict[str, Any], key: str) -> int | None:
-    if d[key] is None:
-        return None
-    value = d[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise FingerprintError(key, "a positive integer or null")
-    return value
+    return None if d[key] is None else _positive_int(d, key)
 
 
 def _list(d: dict[str, Any], key: str) -> list[Any]:
