@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from . import options
+from . import gate, options
+from .bench import BenchSpec, record
 from .messages import Task
 from .report import DistributedTestFailure, GroupOutcome
 
@@ -24,6 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         flag = "--" + name.replace("_", "-")
         group.addoption(flag, dest=f"collectives_{name}", default=None, help=f"{help_text}; ini: {name}")
         parser.addini(name, help_text, default=default)
+    gate.addoptions(parser, group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,6 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except options.OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.pluginmanager.register(DistributedSession(config, settings), "collectives-session")
+    config.pluginmanager.register(
+        gate.BaselineGate(config, settings.backend, settings.gpus), "collectives-gate"
+    )
 
 
 class GroupReplacedWarning(pytest.PytestWarning):
@@ -155,7 +160,7 @@ class DistributedSession:
 
     def dispatch(self, item: pytest.Function, n: int, kwargs: dict[str, Any], hypothesis_inner: bool) -> None:
         module = item.module
-        shipped = {k: (None if isinstance(v, OnRanks) else v) for k, v in kwargs.items()}
+        shipped = {k: _shippable(k, v) for k, v in kwargs.items()}
         task = Task(
             nodeid=item.nodeid,
             module=module.__name__,
@@ -192,6 +197,10 @@ class DistributedSession:
             pytest.skip(outcome.skip_reason())
         if verdict == "failed":
             raise DistributedTestFailure(outcome)
+        if isinstance(shipped.get("benchmark"), BenchSpec):
+            s = self.settings
+            context = {"world_size": n, "backend": s.backend, "devices": list(range(n)) if s.gpus else "cpu"}
+            record(kwargs["benchmark"], outcome.benchmark(), context)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
@@ -211,6 +220,15 @@ class DistributedSession:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._pool is not None:
             self._pool.close()
+
+
+def _shippable(name: str, value: Any) -> Any:
+    """What a controller-side argument becomes on the ranks: pg and benchmark are rebuilt there."""
+    if isinstance(value, OnRanks):
+        return None
+    if name == "benchmark" and hasattr(value, "_make_stats"):
+        return BenchSpec.from_fixture(value)
+    return value
 
 
 def _picklable(value: Any) -> bool:

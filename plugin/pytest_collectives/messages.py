@@ -50,3 +50,4 @@ class RankResult:
     duration_s: float = 0.0
     dirty: list[str] = dataclasses.field(default_factory=list)  # why this rank's group can't be reused
     rss_bytes: int = 0
+    benchmark: dict[str, Any] | None = None  # per-round maxima across ranks, when the test benchmarked

@@ -141,7 +141,7 @@ class WorkerGroup:
                 if kind == "ready":
                     return RankReport(rank, "passed")
                 results.append(payload)  # type: ignore[union-attr]
-                return RankReport(rank, payload.outcome, payload.longrepr)
+                return RankReport(rank, payload.outcome, payload.longrepr, benchmark=payload.benchmark)
         except (EOFError, OSError):
             pass
         proc = self.procs[rank]

@@ -18,6 +18,7 @@ class RankReport:
     stack: str = ""  # Python stacks of a hung rank
     stdout: str = ""
     stderr: str = ""
+    benchmark: dict | None = None
 
 
 @dataclasses.dataclass
@@ -37,6 +38,10 @@ class GroupOutcome:
 
     def skip_reason(self) -> str:
         return self.ranks[0].detail
+
+    def benchmark(self) -> dict | None:
+        """The samples, identical on every rank (each is already the maximum across ranks)."""
+        return self.ranks[0].benchmark
 
     def render(self) -> str:
         """The failure text: a summary line, then each failing rank in order, the likely cause first."""

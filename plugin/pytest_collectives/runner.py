@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .bench import BenchSpec, RankBenchmark
 from .messages import FAILED, PASSED, SKIPPED, GroupSpec, RankResult, Task
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -252,9 +253,14 @@ def run_task(task: Task, ctx: RankContext, spec: GroupSpec, capture: _Capture) -
     ctx.seed = task.seed
     seed_everything(task.seed)
     start = time.perf_counter()
+    bench = None
+    kwargs = dict(task.kwargs)
+    if "pg" in kwargs:
+        kwargs["pg"] = ctx
+    if isinstance(kwargs.get("benchmark"), BenchSpec):
+        bench = kwargs["benchmark"] = RankBenchmark(kwargs["benchmark"], ctx.device)
     try:
         fn = resolve_test(task)
-        kwargs = {k: (ctx if k == "pg" else v) for k, v in task.kwargs.items()}
         fn(**kwargs)
         outcome, longrepr = PASSED, ""
     except BaseException as exc:  # noqa: BLE001 - every outcome, skips included, goes back to pytest
@@ -265,7 +271,7 @@ def run_task(task: Task, ctx: RankContext, spec: GroupSpec, capture: _Capture) -
         torch.cuda.empty_cache()
     dirty = _health(spec, ctx.device)
     rss = os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[1])
-    return RankResult(ctx.rank, outcome, longrepr, duration, dirty, rss)
+    return RankResult(ctx.rank, outcome, longrepr, duration, dirty, rss, bench and bench.result())
 
 
 # --- the worker's life ----------------------------------------------------------------------------

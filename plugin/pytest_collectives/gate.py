@@ -1,0 +1,126 @@
+"""The CI gate: this run's benchmarks against the stored baseline of this machine's topology.
+
+Results come from pytest-benchmark's own session (distributed benchmarks feed it from the ranks, plain
+ones time themselves), so every benchmark of the run is gated the same way. The rule lives in
+regression.py, the files in baselines.py, the topology in topology.py; this module only wires them to the
+session: save, resolve, compare, report, and set the exit status.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .baselines import BaselineError, BenchmarkEntry, resolve_baseline, save_baseline
+from .regression import DEFAULT_MIN_EFFECT, REGRESSION, Verdict, compare, format_table
+
+OPTIONS = (
+    ("--baseline-save", {"action": "store_true", "help": "save this run's benchmarks as the baseline of "
+                         "this machine's topology (refuses to replace one without --baseline-overwrite)"}),
+    ("--baseline-overwrite", {"action": "store_true", "help": "let --baseline-save replace a baseline"}),
+    ("--baseline", {"metavar": "PATH|ID", "help": "compare with this baseline file or topology id "
+                    "instead of the detected topology's"}),
+    ("--fail-on-regression", {"action": "store_true", "help": "CI mode: fail the session when a benchmark "
+                              "is slower than its baseline beyond noise and --regression-threshold"}),
+    ("--regression-threshold", {"metavar": "FRACTION", "type": float, "default": DEFAULT_MIN_EFFECT,
+                                "help": "the slowdown the gate must catch (default 0.10 = 10%%)"}),
+)  # fmt: skip
+
+
+def addoptions(parser: pytest.Parser, group: Any) -> None:
+    for flag, kwargs in OPTIONS:
+        group.addoption(flag, **kwargs)
+    parser.addini("baseline_dir", "where per-topology baselines live (default: baselines/ under the rootdir)")
+
+
+def collect_results(config: pytest.Config) -> dict[str, BenchmarkEntry]:
+    """Every benchmark pytest-benchmark recorded in this session, by its full test id."""
+    session = getattr(config, "_benchmarksession", None)
+    results = {}
+    for bench in getattr(session, "benchmarks", []):
+        if bench.stats.data:
+            results[bench.fullname] = BenchmarkEntry.from_samples(bench.stats.data, bench.extra_info)
+    return results
+
+
+def compare_all(
+    baseline: dict[str, BenchmarkEntry], results: dict[str, BenchmarkEntry], min_effect: float
+) -> tuple[list[tuple[str, Verdict]], list[str]]:
+    """Verdicts for the benchmarks in both, and the names of those this run has but the baseline lacks."""
+    rows = [
+        (name, compare(baseline[name].samples, entry.samples, min_effect=min_effect))
+        for name, entry in sorted(results.items())
+        if name in baseline
+    ]
+    return rows, sorted(set(results) - set(baseline))
+
+
+class BaselineGate:
+    def __init__(self, config: pytest.Config, backend: str, gpus: int) -> None:
+        self.config = config
+        self.backend, self.gpus = backend, gpus
+        opt = config.getoption
+        self.min_effect = opt("regression_threshold")
+        if not 0 < self.min_effect < 1:
+            raise pytest.UsageError(
+                f"--regression-threshold {self.min_effect}: expected a fraction between 0 and 1, e.g. 0.1"
+            )
+        if opt("baseline_overwrite") and not opt("baseline_save"):
+            raise pytest.UsageError("--baseline-overwrite only makes sense with --baseline-save")
+        self.root = Path(config.getini("baseline_dir") or config.rootpath / "baselines")
+        self.lines: list[str] = []
+        self.rows: list[tuple[str, Verdict]] = []
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        results = collect_results(self.config)
+        if not results:
+            return
+        try:
+            self._gate(session, results)
+        except BaselineError as exc:
+            self.lines.append(f"baseline error: {exc}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _gate(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
+        from .topology import detect, topology_id
+
+        fingerprint = detect(self.backend, self.gpus)
+        current = topology_id(fingerprint)
+        opt = self.config.getoption
+        if opt("baseline_save"):
+            path = save_baseline(self.root, fingerprint, results, overwrite=opt("baseline_overwrite"))
+            self.lines.append(f"saved {len(results)} benchmark(s) as the baseline of {current}: {path}")
+            return
+        resolved = resolve_baseline(self.root, fingerprint, opt("baseline"))
+        if resolved is None:
+            self.lines.append(
+                f"no baseline for this topology ({current}) under {self.root}: nothing to compare; "
+                "record one with --baseline-save"
+            )
+            return
+        base = resolved.baseline
+        if resolved.foreign:
+            self.lines.append(f"comparing with a baseline of another topology ({base.topology_id}), as asked")
+        self.rows, missing = compare_all(base.benchmarks, results, self.min_effect)
+        self.lines.append(f"compared with {base.path} (recorded {base.created}, commit {base.commit or '?'})")
+        if missing:
+            self.lines.append(f"{len(missing)} benchmark(s) have no baseline entry yet: {', '.join(missing)}")
+        regressions = [name for name, v in self.rows if v.verdict == REGRESSION]
+        if regressions and opt("fail_on_regression"):
+            self.lines.append(f"FAILED: {len(regressions)} regression(s) (--fail-on-regression)")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        elif regressions:
+            self.lines.append(
+                f"{len(regressions)} regression(s); report mode: add --fail-on-regression to gate"
+            )
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.lines and not self.rows:
+            return
+        terminalreporter.section("collectives: baseline comparison")
+        if self.rows:
+            terminalreporter.write_line(format_table(self.rows))
+        for line in self.lines:
+            terminalreporter.write_line(line)
