@@ -42,6 +42,41 @@ def bandwidth(collective: str, nbytes: int, seconds: float, world_size: int) -> 
     return {"algbw_GBps": algbw, "busbw_GBps": algbw * BUS_FACTORS[collective](world_size)}
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'4K', '1M', '128' -> bytes, as nccl-tests' -b/-e take them (binary multiples)."""
+    cleaned = text.strip().upper().removesuffix("B").removesuffix("I")
+    number, unit = (cleaned[:-1], cleaned[-1]) if cleaned[-1:] in _UNITS else (cleaned, "")
+    try:
+        value = int(number) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"{text!r}: expected a size like 4K, 1M or 128") from None
+    if value <= 0:
+        raise ValueError(f"{text!r}: a size must be positive")
+    return value
+
+
+def sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """min, min*f, min*f^2, ... up to max: nccl-tests' -b -e -f."""
+    if factor < 2:
+        raise ValueError(f"step factor {factor}: must be at least 2")
+    if min_bytes > max_bytes:
+        raise ValueError(f"min size {min_bytes} is above max size {max_bytes}")
+    sizes = [min_bytes]
+    while sizes[-1] * factor <= max_bytes:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def format_size(nbytes: int) -> str:
+    for unit in ("G", "M", "K"):
+        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]}{unit}iB"
+    return f"{nbytes}B"
+
+
 def rounds_for(round_s: float, min_rounds: int, max_time_s: float) -> int:
     """As many rounds as fit in max_time_s, at least min_rounds (pytest-benchmark's rule)."""
     if round_s <= 0:
@@ -65,7 +100,6 @@ class BenchSpec:
 
 def record(fixture: Any, data: dict[str, Any] | None, context: dict[str, Any]) -> None:
     """Feed the ranks' per-round maxima into the controller's pytest-benchmark fixture."""
-    fixture._mode = "benchmark(...) on the ranks"  # the fixture was used, though not by its own timer
     if not data or not data["samples"]:
         return
     stats = fixture._make_stats(1)
@@ -94,46 +128,50 @@ class RankBenchmark:
     def __call__(
         self, fn: Callable[..., Any], *args: Any, nbytes: int = 0, collective: str = "p2p", **kwargs: Any
     ) -> Any:
-        import torch
-        import torch.distributed as dist
-
         if self.samples is not None:
             raise RuntimeError("benchmark can be used once per test")
         self.extra_info.update(nbytes=nbytes, collective=collective)
         if not self.spec.enabled:  # --benchmark-disable: run once, as a smoke test
             self.samples = []
             return fn(*args, **kwargs)
-        timer = _CudaTimer(self.device) if self.device.type == "cuda" else _CpuTimer()
-
-        def one_round() -> tuple[float, Any]:
-            dist.barrier()
-            timer.sync()
-            timer.start()
-            result = fn(*args, **kwargs)
-            return timer.stop(), result
-
-        warmup = [one_round()[0] for _ in range(max(1, self.spec.warmup_rounds))]
-        slowest = self._max_across_ranks(torch.tensor([max(warmup)], dtype=torch.float64))
-        rounds = rounds_for(slowest[0], self.spec.min_rounds, self.spec.max_time_s)
-        times = []
-        for _ in range(rounds):
-            elapsed, result = one_round()
-            times.append(elapsed)
-        self.samples = self._max_across_ranks(torch.tensor(times, dtype=torch.float64))
+        warmup = measure(fn, self.device, max(1, self.spec.warmup_rounds), *args, **kwargs)[0]
+        rounds = rounds_for(max(warmup), self.spec.min_rounds, self.spec.max_time_s)
+        self.samples, result = measure(fn, self.device, rounds, *args, **kwargs)
         return result
-
-    def _max_across_ranks(self, values: Any) -> list[float]:
-        import torch.distributed as dist
-
-        values = values.to(self.device)
-        dist.all_reduce(values, op=dist.ReduceOp.MAX)
-        return values.cpu().tolist()
 
     def result(self) -> dict[str, Any] | None:
         """What goes back to the controller: per-round maxima across ranks and the extra info."""
         if self.samples is None:
             return None
         return {"samples": self.samples, "extra_info": self.extra_info}
+
+
+def measure(
+    fn: Callable[..., Any], device: Any, rounds: int, *args: Any, **kwargs: Any
+) -> tuple[list[float], Any]:
+    """Per-round times of ``fn`` (maximum across ranks when a group is up) and its last result.
+
+    A barrier opens each round so no rank starts early; the maxima are taken in one all-reduce at the end,
+    outside the timed rounds.
+    """
+    import torch
+    import torch.distributed as dist
+
+    grouped = dist.is_initialized()
+    timer = _CudaTimer() if device.type == "cuda" else _CpuTimer()
+    times = []
+    result = None
+    for _ in range(rounds):
+        if grouped:
+            dist.barrier()
+        timer.sync()
+        timer.start()
+        result = fn(*args, **kwargs)
+        times.append(timer.stop())
+    values = torch.tensor(times, dtype=torch.float64, device=device)
+    if grouped:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values.cpu().tolist(), result
 
 
 class _CpuTimer:
@@ -150,7 +188,7 @@ class _CpuTimer:
 class _CudaTimer:
     """CUDA events around the round on the current stream: the GPU's time, not the launch's."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self) -> None:
         import torch
 
         self.torch = torch

@@ -32,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "world_size(*sizes): run the test body on every rank of a process group of each size "
-        "(no sizes: the --world-sizes); the test takes the `pg` fixture",
+        "(no sizes: the --world-sizes; 'max': the largest of them); the test takes the `pg` fixture",
     )
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs (--gpus N); skipped on CPU runs")
     values = {}
@@ -79,6 +79,18 @@ def pg(world_size: int) -> OnRanks:
     return OnRanks(world_size)
 
 
+def settings_of(config: pytest.Config) -> options.Settings:
+    """The resolved options of this session, for suites that size their parameters by them."""
+    return config.pluginmanager.get_plugin("collectives-session").settings
+
+
+def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[Any, ...]:
+    """A world_size marker's sizes: its own, 'max' (the largest configured), or the configured ones."""
+    if args == ("max",):
+        return (max(settings.world_sizes),) if settings.world_sizes else ()
+    return args or settings.world_sizes
+
+
 def stable_seed(nodeid: str, kwargs: dict[str, Any]) -> int:
     """Same test and same example give the same seed, on every rank and in every rerun."""
     text = nodeid + repr(sorted((k, repr(v)) for k, v in kwargs.items() if k != "pg"))
@@ -105,10 +117,10 @@ class DistributedSession:
         marker = metafunc.definition.get_closest_marker("world_size")
         if marker is None:
             return
-        sizes = marker.args or self.settings.world_sizes
+        sizes = world_sizes_of(marker.args, self.settings)
         if not all(isinstance(n, int) and n >= 1 for n in sizes):
             raise pytest.UsageError(
-                f"{metafunc.definition.nodeid}: world_size marker takes whole numbers >= 1, got {sizes}"
+                f"{metafunc.definition.nodeid}: world_size takes whole numbers >= 1 or 'max', got {sizes}"
             )
         gpus = self.settings.gpus
         params = [
@@ -180,6 +192,8 @@ class DistributedSession:
                 "build such values inside the test, on each rank",
                 pytrace=False,
             )
+        if isinstance(shipped.get("benchmark"), BenchSpec):
+            kwargs["benchmark"]._mode = "benchmark(...) on the ranks"  # used, though not by its own timer
         outcome = self.pool.run(task, n)
         item.stash[_outcome_key] = outcome
         if self.config.getoption("capture") == "no":

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from .bench import BenchSpec, RankBenchmark
 from .messages import FAILED, PASSED, SKIPPED, GroupSpec, RankResult, Task
@@ -120,7 +121,8 @@ class _Capture:
 
 _ASYNC_OPS = (
     "isend", "irecv", "batch_isend_irecv", "all_reduce", "reduce", "broadcast", "all_gather",
-    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_gather_into_tensor", "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
+    "reduce_scatter_single", "all_to_all",
     "all_to_all_single", "gather", "scatter", "barrier",
 )  # fmt: skip
 _issued_work: list[Any] = []
@@ -141,9 +143,12 @@ def _track_async_ops() -> None:
 
         return wrapper
 
+    # Both namespaces get the same wrapper: c10d checks P2POp ops by identity against its own globals.
     for name in _ASYNC_OPS:
-        if hasattr(dist, name):
-            setattr(dist, name, tracked(getattr(dist, name)))
+        if hasattr(c10d, name):
+            wrapped = tracked(getattr(c10d, name))
+            setattr(c10d, name, wrapped)
+            setattr(dist, name, wrapped)
 
 
 def _pending_ops() -> int:

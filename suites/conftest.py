@@ -1,0 +1,53 @@
+"""Settings shared by the suites: hypothesis profiles and the message-size sweep of the benchmarks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from pytest_collectives.bench import format_size, parse_size, sweep
+from pytest_collectives.hooks import settings_of
+
+# Examples run on every rank, so their time varies with the machine's load: no deadline. The example
+# database is hypothesis' default (.hypothesis/ in the working directory), so a failure found once is
+# tried first on the next run; print_blob prints a @reproduce_failure line for any failure.
+_COMMON = {"deadline": None, "print_blob": True, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("ci", max_examples=60, **_COMMON)
+settings.register_profile("thorough", max_examples=2000, **_COMMON)
+settings.load_profile("ci")  # --hypothesis-profile thorough (hypothesis' own option) overrides this
+
+# (option, default on CPU, default with GPUs): like nccl-tests -b, -e, -f
+SWEEP = (
+    ("--min-bytes", "4K", "8"),
+    ("--max-bytes", "1M", "256M"),
+    ("--step-factor", "16", "4"),
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup(
+        "collectives-sweep", "message sizes of the performance suites (nccl-tests -b -e -f)"
+    )
+    for flag, cpu, gpu in SWEEP:
+        group.addoption(flag, default=None, help=f"default {cpu} on CPU, {gpu} with --gpus")
+
+
+def sweep_sizes(config: pytest.Config) -> list[int]:
+    gpus = settings_of(config).gpus
+    values = []
+    for flag, cpu, gpu in SWEEP:
+        text = config.getoption(flag.lstrip("-").replace("-", "_")) or (gpu if gpus else cpu)
+        try:
+            values.append(int(text) if flag == "--step-factor" else parse_size(text))
+        except ValueError as exc:
+            raise pytest.UsageError(f"{flag} {text}: {exc}") from None
+    try:
+        return sweep(*values)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--min-bytes/--max-bytes/--step-factor: {exc}") from None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "nbytes" in metafunc.fixturenames:
+        sizes = sweep_sizes(metafunc.config)
+        metafunc.parametrize("nbytes", sizes, ids=[format_size(n) for n in sizes])
