@@ -1,0 +1,145 @@
+"""Point-to-point: copies by memory against the send APIs, and the all-pairs bandwidth matrix.
+
+Seed 001 measured memcpy-based transfers (``tensor.to``/``copy_``) up to three times faster than NCCL's
+send/recv on PCIe; these benchmarks put the same question to any machine. Bidirectional figures count
+the bytes of both directions, like p2pBandwidthLatencyTest.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pytest_collectives.bench import measure
+from pytest_collectives.hooks import settings_of, world_sizes_of
+
+LATENCY_BYTES = 4
+
+
+def transfer(mode: str, direction: str, buf: torch.Tensor, inbox: torch.Tensor, me: int, src: int, dst: int):
+    """One transfer of ``buf`` from src to dst (and back at the same time when bidirectional)."""
+    if me not in (src, dst):
+        return
+    peer = dst if me == src else src
+    sends = me == src or direction == "bidir"
+    receives = me == dst or direction == "bidir"
+    if mode == "send_recv":
+        # Blocking calls must be ordered to pair up: the source sends first, the destination receives first.
+        steps = [(sends, dist.send, buf), (receives, dist.recv, inbox)]
+        for wanted, op, tensor in steps if me == src else steps[::-1]:
+            if wanted:
+                op(tensor, peer)
+    elif mode == "isend_irecv":
+        works = ([dist.isend(buf, peer)] if sends else []) + ([dist.irecv(inbox, peer)] if receives else [])
+        for work in works:
+            work.wait()
+    else:
+        ops = ([dist.P2POp(dist.isend, buf, peer)] if sends else []) + (
+            [dist.P2POp(dist.irecv, inbox, peer)] if receives else []
+        )
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+
+MODES = ["send_recv", "isend_irecv", "batch_isend_irecv"]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("direction", ["unidir", "bidir"])
+@pytest.mark.parametrize("mode", MODES)
+def test_send_bandwidth(pg, benchmark, mode, direction, nbytes):
+    buf = torch.ones(nbytes // 4, device=pg.device)
+    inbox = torch.empty_like(buf)
+    moved = nbytes * (2 if direction == "bidir" else 1)
+    benchmark.extra_info.update(dtype="float32", mode=mode, direction=direction, src=0, dst=1)
+    benchmark(transfer, mode, direction, buf, inbox, pg.rank, 0, 1, nbytes=moved, collective="p2p")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("mode", MODES)
+def test_send_latency(pg, benchmark, mode):
+    """A ping-pong of one float: half the round trip is the one-way latency (in extra_info)."""
+    buf = torch.ones(LATENCY_BYTES // 4, device=pg.device)
+    inbox = torch.empty_like(buf)
+
+    def ping_pong():
+        transfer(mode, "unidir", buf, inbox, pg.rank, 0, 1)
+        transfer(mode, "unidir", buf, inbox, pg.rank, 1, 0)
+
+    benchmark.extra_info.update(dtype="float32", mode=mode, message_bytes=LATENCY_BYTES)
+    benchmark(ping_pong, nbytes=2 * LATENCY_BYTES, collective="p2p")
+
+
+def _shared_buffer(pg, numel: int) -> tuple[torch.Tensor, str]:
+    """A CPU tensor mapped by every rank of the group: the source's memory, readable by its peer."""
+    path = f"/dev/shm/collectives-{os.getppid()}-{pg.world_size}-{numel}"
+    if pg.rank == 0:
+        torch.from_file(path, shared=True, size=numel, dtype=torch.float32).fill_(1.0)
+    dist.barrier()
+    return torch.from_file(path, shared=True, size=numel, dtype=torch.float32), path
+
+
+@pytest.mark.world_size(2)
+def test_shared_memory_copy(pg, benchmark, nbytes):
+    """CPU copy by memory between processes: rank 1 copies straight out of rank 0's buffer (one memcpy,
+    like tensor.to between GPUs or CUDA IPC), compared with a memcpy inside one process."""
+    if pg.device.type != "cpu":
+        pytest.skip("shared memory between processes is the CPU path; GPUs copy through CUDA IPC")
+    numel = nbytes // 4
+    shared, path = _shared_buffer(pg, numel)
+    private = torch.ones(numel)
+    dst = torch.empty(numel)
+    local = bench_local_memcpy(pg, dst, private)
+    benchmark.extra_info.update(dtype="float32", src=0, dst=1, threads=torch.get_num_threads())
+    benchmark(lambda: dst.copy_(shared) if pg.rank == 1 else None, nbytes=nbytes, collective="p2p")
+    benchmark.extra_info["memcpy_median_s"] = local
+    dist.barrier()
+    if pg.rank == 0:
+        os.unlink(path)
+
+
+def bench_local_memcpy(pg, dst: torch.Tensor, src: torch.Tensor) -> float:
+    """Median time of the same copy between two private buffers of rank 1: the memcpy reference."""
+    times, _ = measure(lambda: dst.copy_(src) if pg.rank == 1 else None, pg.device, 20)
+    return sorted(times)[len(times) // 2]
+
+
+@pytest.mark.gpu
+@pytest.mark.world_size("max")
+@pytest.mark.parametrize("peer", [0, 1], ids=["same-device", "device1"])
+def test_tensor_to(pg, benchmark, peer, nbytes):
+    """``tensor.to`` from cuda:0 inside one process (seed 000's puzzler): to itself and to its neighbour."""
+    if peer >= pg.world_size:
+        pytest.skip(f"needs {peer + 1} GPUs")
+    src = torch.ones(nbytes // 4, device="cuda:0")
+    target = torch.device("cuda", peer)
+
+    def copy():
+        if pg.rank == 0:
+            src.to(target)
+            torch.cuda.synchronize(target)
+
+    benchmark.extra_info.update(dtype="float32", src=0, dst=peer)
+    benchmark(copy, nbytes=nbytes, collective="p2p")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The all-pairs matrix: one benchmark per (src, dst) pair of the largest group."""
+    if "pair" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("world_size")
+        (n,) = world_sizes_of(marker.args, settings_of(metafunc.config)) or (1,)
+        pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
+        metafunc.parametrize("pair", pairs, ids=[f"{s}to{d}" for s, d in pairs])
+
+
+@pytest.mark.world_size("max")
+def test_pair_bandwidth(pg, benchmark, pair, nbytes):
+    """p2pBandwidthLatencyTest's unidirectional matrix, one result per pair, by send/recv."""
+    src, dst = pair
+    buf = torch.ones(nbytes // 4, device=pg.device)
+    inbox = torch.empty_like(buf)
+    benchmark.extra_info.update(dtype="float32", src=src, dst=dst, mode="send_recv")
+    benchmark(transfer, "send_recv", "unidir", buf, inbox, pg.rank, src, dst, nbytes=nbytes, collective="p2p")
