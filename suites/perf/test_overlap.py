@@ -66,7 +66,8 @@ def test_matmul_with_transfer(pg, benchmark, transfer, nbytes):
     buf = torch.ones(nbytes // 4, device=pg.device)
     # copy-based on GPU: straight into the peer's device memory (tensor.to), on a stream of its own
     on_gpu = pg.device.type == "cuda"
-    inbox = torch.empty_like(buf, device=torch.device("cuda", peer) if on_gpu and transfer == "copy" else None)
+    target = torch.device("cuda", peer) if on_gpu and transfer == "copy" else pg.device
+    inbox = torch.empty_like(buf, device=target)
     copy_stream = torch.cuda.Stream() if on_gpu else None
 
     def matmul():
