@@ -85,9 +85,10 @@ def settings_of(config: pytest.Config) -> options.Settings:
 
 
 def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[Any, ...]:
-    """A world_size marker's sizes: its own, 'max' (the largest configured), or the configured ones."""
+    """A world_size marker's sizes: its own, the configured ones, or for 'max' the whole machine
+    (every GPU with --gpus, else the largest configured size)."""
     if args == ("max",):
-        return (max(settings.world_sizes),) if settings.world_sizes else ()
+        return (settings.gpus or max(settings.world_sizes),)
     return args or settings.world_sizes
 
 
@@ -129,6 +130,9 @@ class DistributedSession:
             else pytest.param(n, id=f"ws{n}")
             for n in sizes
         ]
+        if not params:
+            reason = f"no world size to run: --gpus {gpus} leaves no configured size of 2 or more ranks"
+            params = [pytest.param(0, id="ws0", marks=pytest.mark.skip(reason=reason))]
         if "world_size" not in metafunc.fixturenames:
             metafunc.fixturenames.append("world_size")
         metafunc.parametrize("world_size", params, scope="session")
