@@ -31,7 +31,7 @@ def test_nccl_group_runs_on_cuda_with_events_timing(pytester: pytest.Pytester) -
                 assert pg.backend == "nccl" and pg.device == torch.device("cuda", 0)
                 assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
                 t = torch.arange(10.0, device=pg.device)
-                for fn in (alg.all_reduce_direct, alg.ring_all_reduce, alg.all_reduce_reduce_scatter_all_gather):
+                for fn in (alg.all_reduce_direct, alg.ring_all_reduce, alg.naive_ring_all_reduce):
                     assert torch.equal(fn(t.clone()), t)
 
             @pytest.mark.world_size(1)
@@ -53,7 +53,8 @@ def test_gpu_usage_errors_name_the_count(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(): pass")
     n = gpu_count()
     result = pytester.runpytest("--gpus", str(n + 1))
-    result.stderr.fnmatch_lines([f"ERROR: --gpus {n + 1}: only {n} CUDA GPU(s) found; use --gpus {n} or fewer"])
+    message = f"ERROR: --gpus {n + 1}: only {n} CUDA GPU(s) found; use --gpus {n} or fewer"
+    result.stderr.fnmatch_lines([message])
 
 
 def test_topology_fingerprint_on_gpu() -> None:
