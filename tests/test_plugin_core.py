@@ -459,3 +459,28 @@ def test_two_concurrent_sessions_do_not_collide(pytester: pytest.Pytester) -> No
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, out
         assert "2 passed" in out, out
+
+
+def test_groups_take_the_gpus_pytest_may_use() -> None:
+    from pytest_collectives.pool import group_devices
+
+    assert group_devices(2, None) == ("0", "1")
+    assert group_devices(2, "2,3,5") == ("2", "3")
+    assert group_devices(1, "GPU-1234abcd") == ("GPU-1234abcd",)
+    with pytest.raises(ValueError, match="3 ranks need 3 GPUs"):
+        group_devices(3, "4,5")
+
+
+def test_ranks_see_the_environment_pytest_has_when_their_group_starts(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        os.environ["SET_BY_THE_TEST_MODULE"] = "yes"
+
+        @pytest.mark.world_size(2)
+        def test_env(pg):
+            assert os.environ["SET_BY_THE_TEST_MODULE"] == "yes"
+            assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+        """,
+    )
+    pytester.runpytest().assert_outcomes(passed=1)

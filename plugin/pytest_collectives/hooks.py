@@ -103,6 +103,7 @@ class DistributedSession:
         self.config = config
         self.settings = settings
         self._pool = None
+        self.calls: dict[int, int] = {}  # world size -> test calls and hypothesis examples run on ranks
 
     @property
     def pool(self):  # noqa: ANN201 - imported lazily: a session without distributed tests never loads torch
@@ -198,6 +199,7 @@ class DistributedSession:
             )
         if isinstance(shipped.get("benchmark"), BenchSpec):
             kwargs["benchmark"]._mode = "benchmark(...) on the ranks"  # used, though not by its own timer
+        self.calls[n] = self.calls.get(n, 0) + 1
         outcome = self.pool.run(task, n)
         item.stash[_outcome_key] = outcome
         if self.config.getoption("capture") == "no":
@@ -234,6 +236,14 @@ class DistributedSession:
             exc = call.excinfo.value
             notes = "\n".join(getattr(exc, "__notes__", []))
             rep.longrepr = f"{notes}\n\n{exc.outcome.render()}" if notes else exc.outcome.render()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.calls:
+            sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))
+            terminalreporter.write_line(
+                f"collectives: {sum(self.calls.values())} distributed calls ({sizes}); "
+                f"{self._pool.started} worker group(s) started"
+            )
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._pool is not None:

@@ -16,11 +16,12 @@ class GroupSpec:
 
     world_size: int
     backend: str
-    devices: tuple[int, ...]  # physical GPU indices, one per rank; empty on CPU
+    devices: tuple[str, ...]  # the GPUs, one per rank, as CUDA_VISIBLE_DEVICES names them; empty on CPU
     store_path: str  # FileStore rendezvous: no port to choose, none to collide on
     workdir: str  # where each rank writes its captured output and stack dumps
     timeout_s: float  # the backend's own timeout, kept above the controller's deadline
     threads_per_rank: int
+    env: dict[str, str]  # pytest's environment when the group starts: the forkserver's may be older
 
 
 @dataclasses.dataclass(frozen=True)

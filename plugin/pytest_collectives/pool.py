@@ -215,6 +215,17 @@ def _read(path: Path) -> str:
         return ""
 
 
+def group_devices(world_size: int, visible: str | None) -> tuple[str, ...]:
+    """The first ``world_size`` GPUs that pytest itself may use, named as CUDA_VISIBLE_DEVICES names them
+    (so --gpus 2 under CUDA_VISIBLE_DEVICES=2,3 means GPUs 2 and 3, not 0 and 1)."""
+    names = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(world_size)]
+    if len(names) < world_size:
+        raise ValueError(
+            f"{world_size} ranks need {world_size} GPUs; CUDA_VISIBLE_DEVICES={visible} has {len(names)}"
+        )
+    return tuple(names[:world_size])
+
+
 class GroupPool:
     """Warm groups keyed by (world size, backend, devices), started lazily, replaced when unfit."""
 
@@ -235,7 +246,7 @@ class GroupPool:
         self.started = 0
 
     def spec_for(self, world_size: int) -> GroupSpec:
-        devices = tuple(range(world_size)) if self.gpus else ()
+        devices = group_devices(world_size, os.environ.get("CUDA_VISIBLE_DEVICES")) if self.gpus else ()
         cores = len(os.sched_getaffinity(0))
         workdir = tempfile.mkdtemp(prefix=f"ws{world_size}-", dir=self.root)
         return GroupSpec(
@@ -246,6 +257,7 @@ class GroupPool:
             workdir=workdir,
             timeout_s=self.timeout_s + 60.0,
             threads_per_rank=max(1, cores // world_size),
+            env=dict(os.environ),
         )
 
     def group(self, world_size: int) -> WorkerGroup:

@@ -304,12 +304,14 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     capture = _Capture(files)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(STACK_SIGNAL, file=open(files["stack"], "w"), all_threads=True)  # noqa: SIM115
+    os.environ.clear()
+    os.environ.update(spec.env)
     # Local groups talk over loopback only.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["NCCL_SOCKET_IFNAME"] = "lo"
     if spec.devices:
         # Before CUDA initialises: the group sees exactly its GPUs, rank r drives cuda:r.
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.devices))
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(spec.devices)
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
     else:
