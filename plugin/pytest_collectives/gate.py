@@ -69,7 +69,7 @@ class BaselineGate:
             )
         if opt("baseline_overwrite") and not opt("baseline_save"):
             raise pytest.UsageError("--baseline-overwrite only makes sense with --baseline-save")
-        self.root = Path(config.getini("baseline_dir") or config.rootpath / "baselines")
+        self.root = config.rootpath / (config.getini("baseline_dir") or "baselines")
         self.lines: list[str] = []
         self.rows: list[tuple[str, Verdict]] = []
 

@@ -1,0 +1,780 @@
+"""A self-contained report folder for one node: `report.json`, `report.html` and PNG plots.
+
+`write_report(directory, data)` takes a JSON-compatible dict (DATA_SCHEMA spells it out):
+
+    {
+      "topology_id": "gpu-8x-rtx-3090-nv4-sys-1a2b3c4d",
+      "fingerprint": {...},                      # topology.Fingerprint.to_json()
+      "created": "2024-06-01T12:00:00+00:00",    # ISO 8601
+      "p2p": null | {                            # null on a CPU run or when P2P was not measured
+        "unit": "GB/s",
+        "bidirectional": true,
+        "devices": ["GPU0", ...],                # n labels
+        "matrix": [[838.2, 101.8, ...], ...],    # n x n GB/s; the diagonal (local copies) may be null
+        "classes": [["X", "NV4", ...], ...],     # n x n link classes of nvidia-smi topo -m
+        "baseline": null | {"bidirectional": true, "GBps": {"NV4": 101.7}}   # optional, see nodecheck
+      },
+      "collectives": [{"name": "all_reduce", "bytes": 1048576, "busbw_GBps": 1.2, "algbw_GBps": 0.6}],
+      "baseline": {                              # the benchmark baseline and the regression verdicts
+        "available": true, "path": "baselines/<id>/baseline.json" | null,
+        "regression_threshold": 1.05,            # optional: the ratio at which a slowdown counts
+        "rows": [{"benchmark": "...", "baseline_median_s": 0.01, "now_median_s": 0.011, "ratio": 1.1,
+                  "verdict": "regression"}]      # verdicts of pytest_collectives.regression
+      },
+      "tests": {"passed": 10, "failed": 1, "skipped": 2, "failures": [{"nodeid": "...", "longrepr": "..."}]}
+    }
+
+The checks are computed here, not passed in, so the verdict at the top of a report always follows from the
+data in it: nodecheck.judge_node on the P2P matrix, one check for the test run and one for the benchmark
+baseline. `report.json` is the data plus `schema_version`, `verdict`, `checks` and `plots` (REPORT_SCHEMA),
+validated before anything is written. A run whose suites failed still gets a report: failures are data.
+
+The HTML opens offline: no script, no external style sheet, and the plots inlined as data URIs (the PNG files
+are written beside it too). A plot whose data is absent is skipped and the HTML says why.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import io
+import itertools
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import nodecheck
+from .nodecheck import FAIL, PASS, WARN, Check, NodeCheckError
+from .regression import DEFAULT_MIN_EFFECT, IMPROVEMENT, INSUFFICIENT_DATA, REGRESSION, UNCHANGED
+from .topology import Fingerprint, FingerprintError
+
+SCHEMA_VERSION = 1
+JSON_NAME, HTML_NAME = "report.json", "report.html"
+P2P_PLOT, BUSBW_PLOT, BASELINE_PLOT = "p2p_bandwidth.png", "busbw_vs_size.png", "baseline_comparison.png"
+PLOTS = (P2P_PLOT, BUSBW_PLOT, BASELINE_PLOT)
+VERDICTS = (REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT_DATA)
+_NUMBER = {"type": "number"}
+_STRING = {"type": "string", "minLength": 1}
+
+
+def _object(
+    properties: dict[str, Any], optional: Sequence[str] = (), nullable: bool = False
+) -> dict[str, Any]:
+    return {
+        "type": ["object", "null"] if nullable else "object",
+        "properties": properties,
+        "required": [k for k in properties if k not in optional],
+        "additionalProperties": False,
+    }
+
+
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+_DATA_PROPERTIES: dict[str, Any] = {
+    "topology_id": _STRING,
+    "fingerprint": {"type": "object"},  # its fields are checked by topology.Fingerprint.from_json
+    "created": _STRING,
+    "p2p": _object(
+        {
+            "unit": {"enum": ["GB/s"]},
+            "bidirectional": {"type": "boolean"},
+            "devices": {**_array(_STRING), "minItems": 1},
+            "matrix": _array(_array({"type": ["number", "null"]})),
+            "classes": _array(_array({"type": "string"})),
+            # nodecheck.class_figures() of a known-good node; checked by nodecheck.judge_node
+            "baseline": _object(
+                {
+                    "bidirectional": {"type": "boolean"},
+                    "GBps": {"type": "object", "additionalProperties": _NUMBER},
+                },
+                nullable=True,
+            ),
+        },
+        optional=["baseline"],
+        nullable=True,
+    ),
+    "collectives": _array(
+        _object(
+            {
+                "name": _STRING,
+                "bytes": {"type": "integer", "minimum": 1},
+                "busbw_GBps": {"type": "number", "minimum": 0},
+                "algbw_GBps": {"type": "number", "minimum": 0},
+            }
+        )
+    ),
+    "baseline": _object(
+        {
+            "available": {"type": "boolean"},
+            "path": {"type": ["string", "null"]},
+            "regression_threshold": {"type": "number", "exclusiveMinimum": 1},
+            "rows": _array(
+                _object(
+                    {
+                        "benchmark": _STRING,
+                        "baseline_median_s": {"type": "number", "exclusiveMinimum": 0},
+                        "now_median_s": {"type": "number", "exclusiveMinimum": 0},
+                        "ratio": {"type": "number", "exclusiveMinimum": 0},
+                        "verdict": {"enum": list(VERDICTS)},
+                    }
+                )
+            ),
+        },
+        optional=["regression_threshold"],
+    ),
+    "tests": _object(
+        {
+            "passed": {"type": "integer", "minimum": 0},
+            "failed": {"type": "integer", "minimum": 0},
+            "skipped": {"type": "integer", "minimum": 0},
+            "failures": _array(_object({"nodeid": _STRING, "longrepr": {"type": "string"}})),
+        }
+    ),
+}
+# The input of write_report.
+DATA_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "pytest-collectives node report data",
+    **_object(_DATA_PROPERTIES),
+}
+# report.json: the data plus what write_report adds.
+REPORT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "pytest-collectives node report",
+    **_object(
+        {
+            "schema_version": {"enum": [SCHEMA_VERSION]},
+            **_DATA_PROPERTIES,
+            "verdict": {"enum": list(nodecheck.STATUSES)},
+            "checks": _array(
+                _object(
+                    {
+                        "name": _STRING,
+                        "status": {"enum": list(nodecheck.STATUSES)},
+                        "reason": _STRING,
+                        "details": {"type": "object"},
+                    }
+                )
+            ),
+            "plots": _array(
+                _object(
+                    {
+                        "file": {"enum": list(PLOTS)},
+                        "written": {"type": "boolean"},
+                        "note": {"type": "string"},
+                    }
+                )
+            ),
+        }
+    ),
+}
+
+
+class ReportError(ValueError):
+    """Bad report data; the message is one line naming the field to fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message.replace("\n", "\\n"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation: the subset of JSON Schema used above
+
+
+_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    # JSON has no NaN or infinity, so a report holding one could not be read back.
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validate(value: Any, schema: Mapping[str, Any], where: str = "") -> None:
+    """Raise ReportError naming the first field of `value` that `schema` rejects.
+
+    Supports type, enum, properties, required, additionalProperties (bool or schema), items, minItems,
+    minLength, minimum and exclusiveMinimum: what DATA_SCHEMA and REPORT_SCHEMA use.
+    """
+    field = where or "(top level)"
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else list(types)
+        if not any(_TYPES[t](value) for t in names):
+            raise ReportError(f"report data: {field} must be {' or '.join(names)}, got {_shown(value)}")
+    if "enum" in schema and value not in schema["enum"]:
+        options = ", ".join(json.dumps(o) for o in schema["enum"])
+        raise ReportError(f"report data: {field} must be one of {options}, got {_shown(value)}")
+    if isinstance(value, str) and len(value) < schema.get("minLength", 0):
+        raise ReportError(f"report data: {field} must not be empty")
+    if _TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            raise ReportError(f"report data: {field} must be >= {schema['minimum']}, got {_shown(value)}")
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            raise ReportError(
+                f"report data: {field} must be > {schema['exclusiveMinimum']}, got {_shown(value)}"
+            )
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            raise ReportError(f"report data: {field} must have at least {schema['minItems']} item(s)")
+        for i, item in enumerate(value):
+            validate(item, schema.get("items", {}), f"{where}[{i}]")
+    if isinstance(value, dict):
+        _validate_object(value, schema, where)
+
+
+def _validate_object(value: dict[str, Any], schema: Mapping[str, Any], where: str) -> None:
+    prefix = f"{where}." if where else ""
+    properties = schema.get("properties", {})
+    for key in schema.get("required", ()):
+        if key not in value:
+            raise ReportError(f"report data: {prefix}{key} is missing")
+    extra = schema.get("additionalProperties", True)
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise ReportError(f"report data: {where or '(top level)'} has a key {key!r} that is not a string")
+        if key in properties:
+            validate(item, properties[key], prefix + key)
+        elif extra is False:
+            known = ", ".join(properties)
+            raise ReportError(f"report data: {prefix}{key} is not a known field (known: {known})")
+        elif isinstance(extra, Mapping):
+            validate(item, extra, prefix + key)
+
+
+def _validate_data(data: Any) -> None:
+    """DATA_SCHEMA, then what it cannot say: times, fingerprints, square matrices (cells: _link_checks)."""
+    validate(data, DATA_SCHEMA)
+    try:
+        datetime.datetime.fromisoformat(data["created"])
+    except ValueError:
+        raise ReportError(
+            f"report data: created must be an ISO 8601 time, e.g. 2024-06-01T12:00:00+00:00, got "
+            f"{_shown(data['created'])}"
+        ) from None
+    try:
+        Fingerprint.from_json(data["fingerprint"])
+    except FingerprintError as e:
+        raise ReportError(f"report data: fingerprint.{e.field} must be {e.expected}") from None
+    p2p = data["p2p"]
+    if p2p is not None:
+        n = len(p2p["devices"])
+        for key in ("matrix", "classes"):
+            if len(p2p[key]) != n or any(len(row) != n for row in p2p[key]):
+                raise ReportError(f"report data: p2p.{key} must be {n} x {n}, one row and column per device")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checks
+
+
+def report_checks(data: Mapping[str, Any]) -> list[Check]:
+    """The verdicts shown at the top of the report: the node's links, the test run, the benchmark baseline."""
+    return [*_link_checks(data["p2p"]), _test_check(data["tests"]), _benchmark_check(data["baseline"])]
+
+
+def _has_pairs(p2p: Mapping[str, Any] | None) -> bool:
+    return p2p is not None and len(p2p["devices"]) >= 2
+
+
+def _link_checks(p2p: Mapping[str, Any] | None) -> list[Check]:
+    if not _has_pairs(p2p):
+        return [
+            Check(
+                "links", PASS, "No GPU-to-GPU bandwidth was measured (CPU run or one GPU): no links to judge."
+            )
+        ]
+    try:
+        return nodecheck.judge_node(
+            p2p["matrix"], p2p["classes"], p2p["bidirectional"], p2p.get("baseline"), labels=p2p["devices"]
+        )
+    except NodeCheckError as e:
+        # The checks are where a matrix's cells and classes get checked; their messages name the field.
+        raise ReportError(f"report data: p2p.{e}") from None
+
+
+def _test_check(tests: Mapping[str, Any]) -> Check:
+    passed, failed, skipped = tests["passed"], tests["failed"], tests["skipped"]
+    counts = {"passed": passed, "failed": failed, "skipped": skipped}
+    summary = f"{passed} passed, {failed} failed, {skipped} skipped"
+    if failed:
+        return Check(
+            "test run", FAIL, f"{summary}: the failures are listed below with their tracebacks.", counts
+        )
+    if not passed:
+        return Check(
+            "test run", WARN, f"{summary}: no test passed, so nothing was verified on this node.", counts
+        )
+    return Check("test run", PASS, f"{summary}.", counts)
+
+
+def _benchmark_check(baseline: Mapping[str, Any]) -> Check:
+    rows = baseline["rows"]
+    if not baseline["available"]:
+        return Check(
+            "benchmark baseline",
+            PASS,
+            "No benchmark baseline for this topology, so no speed was compared: record one from a known-good "
+            "run.",
+            {"available": False},
+        )
+    slower = [r["benchmark"] for r in rows if r["verdict"] == REGRESSION]
+    details = {"available": True, "compared": len(rows), "regressions": len(slower)}
+    where = f" ({baseline['path']})" if baseline["path"] else ""
+    if slower:
+        return Check(
+            "benchmark baseline",
+            FAIL,
+            f"{len(slower)} of {len(rows)} benchmarks are slower than the baseline{where} beyond noise "
+            f"({', '.join(slower)}): re-run them, and if they stay slow look for what changed since it was "
+            f"recorded.",
+            details,
+        )
+    return Check(
+        "benchmark baseline",
+        PASS,
+        f"{len(rows)} benchmarks compared with the baseline{where}: none is slower beyond noise.",
+        details,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plots
+
+
+_STATUS_COLOURS = {FAIL: "#c62828", WARN: "#ef8f00", PASS: "#2e7d32"}
+_VERDICT_COLOURS = {
+    REGRESSION: "#c62828",
+    IMPROVEMENT: "#2e7d32",
+    UNCHANGED: "#78909c",
+    INSUFFICIENT_DATA: "#cfd8dc",
+}
+
+
+def _figure(width: float, height: float) -> Any:
+    # The Figure API with no pyplot: nothing global (the backend of the user's process) is touched.
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def _png(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _human_bytes(value: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:g} {unit}"
+    return f"{value:g} B"
+
+
+def p2p_plot(p2p: Mapping[str, Any], checks: Sequence[Check]) -> bytes:
+    """The all-pairs heatmap: GB/s and link class in each cell, cells named by a WARN/FAIL check outlined."""
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Rectangle
+
+    labels, classes = p2p["devices"], p2p["classes"]
+    n = len(labels)
+    values = np.array(
+        [[np.nan if i == j else v for j, v in enumerate(row)] for i, row in enumerate(p2p["matrix"])]
+    )
+    side = max(4.5, 0.85 * n + 2.5)
+    fig = _figure(side + 1.0, side)
+    ax = fig.add_subplot()
+    ax.set_facecolor("#e0e0e0")  # the diagonal: a GPU's own memory, not a link
+    positive = values[values > 0]
+    # A log scale keeps NVLink and PCIe pairs, often 10x apart, both readable.
+    norm = (
+        LogNorm(vmin=positive.min(), vmax=max(positive.max(), positive.min() * 1.01))
+        if positive.size
+        else None
+    )
+    image = ax.imshow(np.ma.masked_invalid(np.where(values > 0, values, np.nan)), cmap="viridis", norm=norm)
+    bar = fig.colorbar(image, ax=ax, label="GB/s", shrink=0.8)
+    if norm is not None:
+        ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000) if norm.vmin <= t <= norm.vmax]
+        bar.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
+    size = 9 if n <= 8 else 7 if n <= 12 else 5
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                ax.text(j, i, "X", ha="center", va="center", fontsize=size, color="#616161")
+                continue
+            colour = "white" if norm is None or norm(values[i, j]) < 0.6 else "black"
+            text = f"{values[i, j]:.1f}\n{classes[i][j]}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=size, color=colour, linespacing=1.3)
+    for check in checks:
+        for i, j in check.details.get("cells", []) if check.status != PASS else []:
+            ax.add_patch(
+                Rectangle(
+                    (j - 0.45, i - 0.45), 0.9, 0.9, fill=False, lw=2.5, ec=_STATUS_COLOURS[check.status]
+                )
+            )
+    ax.set_xticks(range(n), labels, rotation=45 if max(map(len, labels)) > 5 else 0)
+    ax.set_yticks(range(n), labels)
+    direction = "bidirectional" if p2p["bidirectional"] else "unidirectional"
+    ax.set_xlabel("to" if not p2p["bidirectional"] else "peer")
+    ax.set_ylabel("from" if not p2p["bidirectional"] else "GPU")
+    ax.set_title(f"P2P bandwidth, {direction} (GB/s); outlined: flagged by a check")
+    return _png(fig)
+
+
+def busbw_plot(collectives: Sequence[Mapping[str, Any]]) -> bytes:
+    """Bus bandwidth against message size, one line per collective, sizes on a log scale."""
+    from matplotlib.ticker import FuncFormatter
+
+    fig = _figure(8, 4.8)
+    ax = fig.add_subplot()
+    by_name: dict[str, list[tuple[int, float]]] = {}
+    for row in collectives:
+        by_name.setdefault(row["name"], []).append((row["bytes"], row["busbw_GBps"]))
+    # Distinct markers keep a line visible where another runs on top of it.
+    for (name, points), marker in zip(sorted(by_name.items()), itertools.cycle("osD^vP*X"), strict=False):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, ms=5, label=name)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _human_bytes(x)))
+    ax.set_xlabel("message size")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=9)
+    ax.set_title("Bus bandwidth vs message size")
+    return _png(fig)
+
+
+def baseline_plot(rows: Sequence[Mapping[str, Any]], threshold: float) -> bytes:
+    """Time now / baseline per benchmark, with the 1.0 line and the regression threshold."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    fig = _figure(9, max(2.6, 0.32 * len(rows) + 1.6))
+    ax = fig.add_subplot()
+    ratios = [r["ratio"] for r in rows]
+    positions = range(len(rows))[::-1]  # the first row on top, as in the table
+    # Bars grow from 1.0, so a few percent either way is as visible as the threshold it is judged by.
+    colours = [_VERDICT_COLOURS[r["verdict"]] for r in rows]
+    ax.barh(positions, [r - 1.0 for r in ratios], left=1.0, color=colours, height=0.7)
+    for y, ratio in zip(positions, ratios, strict=True):
+        ax.text(ratio, y, f" {ratio:.2f}x ", va="center", ha="left" if ratio >= 1 else "right", fontsize=8)
+    ax.set_yticks(list(positions), [r["benchmark"] for r in rows], fontsize=8)
+    ax.axvline(1.0, color="black", lw=1)
+    ax.axvline(threshold, color=_VERDICT_COLOURS[REGRESSION], lw=1, ls="--")
+    low, high = min([*ratios, 1.0 / threshold]), max([*ratios, threshold])
+    margin = (high - low) * 0.15
+    ax.set_xlim(low - margin, high + margin)
+    ax.set_xlabel("median time now / baseline (above 1 is slower)")
+    handles: list[Any] = [
+        Patch(color=_VERDICT_COLOURS[v], label=v) for v in VERDICTS if any(r["verdict"] == v for r in rows)
+    ]
+    handles.append(
+        Line2D([], [], color=_VERDICT_COLOURS[REGRESSION], ls="--", label=f"threshold {threshold:.2f}x")
+    )
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.set_title("Compared with the baseline")
+    return _png(fig)
+
+
+def _can_draw() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _plots(data: Mapping[str, Any], checks: Sequence[Check]) -> dict[str, bytes | str]:
+    """Each plot's PNG bytes, or the sentence saying why it was skipped."""
+    p2p, collectives, baseline = data["p2p"], data["collectives"], data["baseline"]
+    wanted = {
+        P2P_PLOT: _has_pairs(p2p),
+        BUSBW_PLOT: bool(collectives),
+        BASELINE_PLOT: baseline["available"] and bool(baseline["rows"]),
+    }
+    plots: dict[str, bytes | str] = {
+        P2P_PLOT: "No P2P bandwidth matrix in this run (a CPU run, one GPU, or P2P not measured).",
+        BUSBW_PLOT: "No collective was benchmarked.",
+        BASELINE_PLOT: "No benchmark was compared with a baseline.",
+    }
+    if any(wanted.values()) and not _can_draw():
+        missing = "Not drawn: matplotlib is not installed (pip install 'pytest-collectives[report]')."
+        return {name: missing if wanted[name] else note for name, note in plots.items()}
+    if wanted[P2P_PLOT]:
+        plots[P2P_PLOT] = p2p_plot(p2p, checks)
+    if wanted[BUSBW_PLOT]:
+        plots[BUSBW_PLOT] = busbw_plot(collectives)
+    if wanted[BASELINE_PLOT]:
+        plots[BASELINE_PLOT] = baseline_plot(baseline["rows"], _threshold(baseline))
+    return plots
+
+
+def _threshold(baseline: Mapping[str, Any]) -> float:
+    return baseline.get("regression_threshold", 1.0 + DEFAULT_MIN_EFFECT / 2.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# HTML
+
+
+_CSS = """
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #212121; margin: 0 auto;
+       max-width: 1100px; padding: 1.5em 2em 4em; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { font-size: 1.25em; margin-top: 2em;
+     border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
+.meta { color: #616161; margin-top: 0; }
+.verdict { font-size: 1.3em; font-weight: 600; padding: 0.6em 1em; border-radius: 6px; color: white; }
+.PASS { background: #2e7d32; } .WARN { background: #ef8f00; } .FAIL { background: #c62828; }
+table { border-collapse: collapse; width: 100%; margin: 0.8em 0; }
+th, td { text-align: left; padding: 0.35em 0.6em; border-bottom: 1px solid #eee; vertical-align: top; }
+th { background: #f5f5f5; } .num { text-align: right; font-variant-numeric: tabular-nums; }
+.pill { color: white; font-weight: 600; font-size: 0.85em; padding: 0.1em 0.5em; border-radius: 4px; }
+td.name { white-space: nowrap; }
+code { background: #f3f3f3; padding: 0 0.25em; border-radius: 3px; }
+pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; border: 1px solid #eee; }
+img { max-width: 100%; height: auto; display: block; margin: 0.8em 0; }
+.skipped { color: #616161; font-style: italic; }
+details summary { cursor: pointer; margin: 0.3em 0; } summary code { font-size: 0.95em; }
+"""
+
+
+def _text(value: Any) -> str:
+    """Escaped text, with `backticked` words shown as code (safe: the escaping comes first)."""
+    return re.sub(r"`([^`<>]+)`", r"<code>\1</code>", html.escape(str(value)))
+
+
+def _table(header: Sequence[str] | None, rows: Sequence[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
+    def cell(tag: str, i: int, content: str) -> str:
+        return f"<{tag}{' class=num' * (i in numeric)}>{content}</{tag}>"
+
+    head = (
+        "<tr>" + "".join(cell("th", i, html.escape(h)) for i, h in enumerate(header)) + "</tr>"
+        if header
+        else ""
+    )
+    body = "".join(
+        "<tr>" + "".join(cell("td", i, _text(c)) for i, c in enumerate(row)) + "</tr>" for row in rows
+    )
+    return f"<table>{head}{body}</table>"
+
+
+def _image(name: str, plot: bytes | str, alt: str) -> str:
+    if isinstance(plot, str):
+        return f'<p class="skipped">{_text(plot)}</p>'
+    encoded = base64.b64encode(plot).decode("ascii")
+    return f'<img src="data:image/png;base64,{encoded}" alt="{html.escape(alt)}" title="{html.escape(name)}">'
+
+
+def _checks_html(checks: Sequence[Check], verdict: str) -> str:
+    counts = {s: sum(c.status == s for c in checks) for s in nodecheck.STATUSES}
+    summary = f"{verdict} ({counts[FAIL]} checks failed, {counts[WARN]} warned, {counts[PASS]} passed)"
+    rows = "".join(
+        f'<tr><td><span class="pill {c.status}">{c.status}</span></td><td class=name>{_text(c.name)}</td>'
+        f"<td>{_text(c.reason)}</td></tr>"
+        for c in sorted(checks, key=lambda c: -nodecheck.STATUSES.index(c.status))
+    )
+    return (
+        f'<div class="verdict {verdict}">Overall verdict: {html.escape(summary)}</div>'
+        f"<table><tr><th>Status</th><th>Check</th><th>Reason and what to do</th></tr>{rows}</table>"
+    )
+
+
+def _tests_html(tests: Mapping[str, Any]) -> str:
+    parts = [f"<p>{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped.</p>"]
+    for failure in tests["failures"]:
+        parts.append(
+            f"<details open><summary><code>{html.escape(failure['nodeid'])}</code></summary>"
+            f"<pre>{html.escape(failure['longrepr'])}</pre></details>"
+        )
+    if tests["failed"] and not tests["failures"]:
+        parts.append('<p class="skipped">The failures\' tracebacks were not recorded.</p>')
+    return "".join(parts)
+
+
+def _explain_html(p2p: Mapping[str, Any] | None) -> str:
+    if not _has_pairs(p2p):
+        return '<p class="skipped">No GPU pairs in this run, so there are no link classes to explain.</p>'
+    text = nodecheck.explain_pairs(p2p["classes"], 0, matrix=p2p["matrix"], labels=p2p["devices"])
+    lines = text.splitlines()
+    items = "".join(f"<li>{_text(line[2:])}</li>" for line in lines if line.startswith("- "))
+    rest = "".join(f"<p>{_text(line)}</p>" for line in lines[1:] if not line.startswith("- "))
+    present = sorted({c for i, row in enumerate(p2p["classes"]) for j, c in enumerate(row) if i != j})
+    legend = _table(
+        ["Class", "Meaning (nvidia-smi topo -m legend)"], [(c, nodecheck.link_meaning(c)) for c in present]
+    )
+    return f"<p>{_text(lines[0])}</p><ul>{items}</ul>{rest}{legend}"
+
+
+def _collectives_html(collectives: Sequence[Mapping[str, Any]]) -> str:
+    if not collectives:
+        return ""
+    rows = [
+        (c["name"], _human_bytes(c["bytes"]), f"{c['busbw_GBps']:.3g}", f"{c['algbw_GBps']:.3g}")
+        for c in sorted(collectives, key=lambda c: (c["name"], c["bytes"]))
+    ]
+    table = _table(["Collective", "Size", "busbw (GB/s)", "algbw (GB/s)"], rows, numeric=(1, 2, 3))
+    return f"<details><summary>The figures ({len(rows)} measurements)</summary>{table}</details>"
+
+
+def _baseline_html(baseline: Mapping[str, Any]) -> str:
+    where = f"Baseline: <code>{html.escape(baseline['path'])}</code>. " if baseline["path"] else ""
+    intro = f"<p>{where}A benchmark is a regression at {_threshold(baseline):.2f}x or more, beyond noise.</p>"
+    if not baseline["rows"]:
+        return intro if baseline["available"] else ""
+    rows = [
+        (
+            r["benchmark"],
+            f"{r['baseline_median_s']:.4g}",
+            f"{r['now_median_s']:.4g}",
+            f"{r['ratio']:.3f}x",
+            r["verdict"],
+        )
+        for r in baseline["rows"]
+    ]
+    return intro + _table(
+        ["Benchmark", "Baseline median (s)", "Now median (s)", "Ratio", "Verdict"], rows, (1, 2, 3)
+    )
+
+
+def _machine_html(fingerprint: Mapping[str, Any], topology_id: str) -> str:
+    gpus: dict[str, int] = {}
+    for gpu in fingerprint["gpus"]:
+        pcie = (
+            f" (PCIe gen {gpu['pcie_gen_max']} x{gpu['pcie_width_max']} max)" if gpu["pcie_gen_max"] else ""
+        )
+        gpus[gpu["name"] + pcie] = gpus.get(gpu["name"] + pcie, 0) + 1
+    rows = [
+        ("Topology id", topology_id),
+        ("Backend", fingerprint["backend"]),
+        (
+            "CPU",
+            f"{fingerprint['cpu_model']}: {fingerprint['logical_cores']} logical cores, "
+            f"{fingerprint['sockets']} socket(s), {fingerprint['numa_nodes']} NUMA node(s)",
+        ),
+        ("GPUs", "; ".join(f"{count} x {name}" for name, count in gpus.items()) or "none"),
+        ("Link source", fingerprint["link_source"]),
+    ]
+    for label, key in (("torch", "torch_version"), ("CUDA", "cuda_version"), ("NCCL", "nccl_version")):
+        rows.append((label, fingerprint[key] or "-"))
+    rows.append(("Driver", fingerprint["driver_version"] or "-"))
+    return _table(None, rows)
+
+
+def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> str:
+    """The report page; every piece of data goes through html.escape."""
+    checks = [Check(**c) for c in report["checks"]]
+    tid = report["topology_id"]
+    sections = [
+        f"<h1>Node report</h1><p class=meta>{_text(tid)} &middot; created {_text(report['created'])}</p>",
+        _checks_html(checks, report["verdict"]),
+        "<h2>Test run</h2>" + _tests_html(report["tests"]),
+        "<h2>GPU-to-GPU bandwidth</h2>" + _image(P2P_PLOT, plots[P2P_PLOT], "P2P bandwidth heatmap"),
+        "<h2>Why copies to different GPUs take different times</h2>" + _explain_html(report["p2p"]),
+        "<h2>Collectives: bus bandwidth vs message size</h2>"
+        + _image(BUSBW_PLOT, plots[BUSBW_PLOT], "bus bandwidth vs message size")
+        + _collectives_html(report["collectives"]),
+        "<h2>Compared with the baseline</h2>"
+        + _image(BASELINE_PLOT, plots[BASELINE_PLOT], "time now / baseline per benchmark")
+        + _baseline_html(report["baseline"]),
+        "<h2>Machine</h2>" + _machine_html(report["fingerprint"], tid),
+    ]
+    # The policy makes the offline promise hold in the browser too: nothing may load from anywhere.
+    policy = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+    return (
+        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
+        f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
+        f"<meta name=viewport content='width=device-width, initial-scale=1'>"
+        f"<title>Node report: {html.escape(tid)}</title><style>{_CSS}</style></head>\n<body>\n"
+        + "\n".join(sections)
+        + "\n</body></html>\n"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def _write_atomic(path: Path, content: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file private; a report is for reading by whoever can read the folder.
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def build_report(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, bytes | str]]:
+    """The report.json document and the plots (PNG bytes or why skipped), after validating `data`."""
+    _validate_data(data)
+    checks = report_checks(data)
+    plots = _plots(data, checks)
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        **data,
+        "verdict": nodecheck.overall(checks),
+        "checks": [c.to_json() for c in checks],
+        "plots": [
+            {
+                "file": name,
+                "written": not isinstance(plot, str),
+                "note": plot if isinstance(plot, str) else "",
+            }
+            for name, plot in plots.items()
+        ],
+    }
+    # A round trip through JSON turns tuples into lists, so what is validated is what gets written.
+    report = json.loads(json.dumps(report, allow_nan=False))
+    validate(report, REPORT_SCHEMA)
+    return report, plots
+
+
+def write_report(directory: str | os.PathLike[str], data: Mapping[str, Any]) -> dict[str, Path]:
+    """Write report.json, report.html and the plots into `directory`; return {file name: path} written.
+
+    Nothing is written when `data` is invalid (ReportError, one line naming the field). Each file is replaced
+    atomically; a plot skipped this time is removed, so a reused folder never shows a stale one.
+    """
+    report, plots = build_report(data)
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for name, plot in plots.items():
+        path = folder / name
+        if isinstance(plot, str):
+            path.unlink(missing_ok=True)
+        else:
+            _write_atomic(path, plot)
+            written[name] = path
+    for name, content in (
+        (HTML_NAME, render_html(report, plots)),
+        (JSON_NAME, json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n"),
+    ):
+        _write_atomic(folder / name, content.encode("utf-8"))
+        written[name] = folder / name
+    return written

@@ -1,0 +1,326 @@
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_collectives import node_report
+from pytest_collectives.node_report import (
+    DATA_SCHEMA,
+    REPORT_SCHEMA,
+    ReportError,
+    validate,
+    write_report,
+)
+from pytest_collectives.topology import Fingerprint, GpuInfo, parse_topo_matrix, topology_id
+
+# matplotlib is in the `test` extra; the plots are what most of this file checks.
+imread = pytest.importorskip("matplotlib.image").imread
+
+DATA = Path(__file__).parent / "data"
+TOPO = parse_topo_matrix((DATA / "rtx3090x8_topo_m.txt").read_text())
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def read_p2p(path: Path) -> list[list[float]]:
+    rows = [line.split() for line in path.read_text().splitlines()[2:] if line.strip()]
+    return [[float(v) for v in row[1:]] for row in rows]
+
+
+def cpu_fingerprint() -> Fingerprint:
+    return Fingerprint(
+        backend="gloo", torch_version="2.13.0", cpu_model="Test CPU", logical_cores=2, sockets=1, numa_nodes=1
+    )
+
+
+def gpu_fingerprint() -> Fingerprint:
+    gpu = GpuInfo(name="NVIDIA GeForce RTX 3090", pcie_gen_max=4, pcie_width_max=16)
+    return Fingerprint(
+        backend="nccl",
+        torch_version="2.13.0",
+        cpu_model="AMD EPYC 7543 32-Core Processor",
+        logical_cores=64,
+        sockets=2,
+        numa_nodes=2,
+        gpus=(gpu,) * 8,
+        links=TOPO.links,
+        link_source="nvidia-smi",
+        driver_version="550.67",
+        cuda_version="12.4",
+        nccl_version="2.21.5",
+    )
+
+
+def collectives(peak: float) -> list[dict]:
+    rows = []
+    for name in ("all_reduce", "all_gather"):
+        for exponent in range(10, 27, 4):
+            size = 2**exponent
+            busbw = peak * size / (size + 2**20)
+            rows.append({"name": name, "bytes": size, "busbw_GBps": busbw, "algbw_GBps": busbw / 2})
+    return rows
+
+
+def base_data(fp: Fingerprint) -> dict:
+    return {
+        "topology_id": topology_id(fp),
+        "fingerprint": fp.to_json(),
+        "created": "2024-06-01T12:00:00+00:00",
+        "p2p": None,
+        "collectives": collectives(1.5),
+        "baseline": {"available": False, "path": None, "rows": []},
+        "tests": {"passed": 12, "failed": 0, "skipped": 1, "failures": []},
+    }
+
+
+def cpu_data() -> dict:
+    return base_data(cpu_fingerprint())
+
+
+def gpu_data() -> dict:
+    data = base_data(gpu_fingerprint())
+    data["p2p"] = {
+        "unit": "GB/s",
+        "bidirectional": True,
+        "devices": [f"GPU{i}" for i in range(8)],
+        "matrix": read_p2p(DATA / "rtx3090x8_p2p_bidir_GBps.txt"),
+        "classes": [list(row) for row in TOPO.links],
+    }
+    data["collectives"] = collectives(7.0)
+    data["baseline"] = {
+        "available": True,
+        "path": "baselines/gpu-8x/baseline.json",
+        "rows": [
+            {
+                "benchmark": f"test_all_reduce[{size}]",
+                "baseline_median_s": 0.01,
+                "now_median_s": 0.01 * ratio,
+                "ratio": ratio,
+                "verdict": verdict,
+            }
+            for size, ratio, verdict in (("1MiB", 1.01, "unchanged"), ("64MiB", 0.92, "improvement"))
+        ],
+    }
+    return data
+
+
+@pytest.fixture(scope="module")
+def gpu_report(tmp_path_factory) -> dict[str, Path]:
+    return write_report(tmp_path_factory.mktemp("gpu"), gpu_data())
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory) -> dict[str, Path]:
+    return write_report(tmp_path_factory.mktemp("cpu"), cpu_data())
+
+
+def assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    height, width = imread(path).shape[:2]
+    assert height > 0 and width > 0
+
+
+def read_json(files: dict[str, Path]) -> dict:
+    return json.loads(files["report.json"].read_text())
+
+
+def test_gpu_report_has_every_file(gpu_report):
+    assert set(gpu_report) == {
+        "report.json",
+        "report.html",
+        "p2p_bandwidth.png",
+        "busbw_vs_size.png",
+        "baseline_comparison.png",
+    }
+    for name in ("p2p_bandwidth.png", "busbw_vs_size.png", "baseline_comparison.png"):
+        assert_png(gpu_report[name])
+    assert {p.name for p in gpu_report["report.json"].parent.iterdir()} == set(gpu_report)  # no temp files
+
+
+def test_json_validates_and_round_trips(gpu_report):
+    report = read_json(gpu_report)
+    validate(report, REPORT_SCHEMA)
+    data = gpu_data()
+    assert {k: report[k] for k in data} == data
+    assert report["schema_version"] == 1 and report["verdict"] == "PASS"
+    assert [c["name"] for c in report["checks"]] == [
+        "link baseline",
+        "link consistency",
+        "class NV4",
+        "class SYS",
+        "test run",
+        "benchmark baseline",
+    ]
+    assert all(p["written"] for p in report["plots"])
+
+
+def test_cpu_report_skips_the_p2p_plot_and_says_so(cpu_report):
+    assert "p2p_bandwidth.png" not in cpu_report and "baseline_comparison.png" not in cpu_report
+    assert_png(cpu_report["busbw_vs_size.png"])
+    report = read_json(cpu_report)
+    validate(report, REPORT_SCHEMA)
+    assert {k: report[k] for k in cpu_data()} == cpu_data()
+    skipped = {p["file"]: p["note"] for p in report["plots"] if not p["written"]}
+    assert set(skipped) == {"p2p_bandwidth.png", "baseline_comparison.png"}
+    page = cpu_report["report.html"].read_text()
+    assert "No P2P bandwidth matrix in this run" in page
+    assert "No benchmark was compared with a baseline" in page
+    assert report["checks"][0]["name"] == "links" and report["verdict"] == "PASS"
+
+
+def test_html_is_self_contained(gpu_report, cpu_report):
+    for files in (gpu_report, cpu_report):
+        page = files["report.html"].read_text()
+        assert "http://" not in page and "https://" not in page
+        assert "<script" not in page.lower() and "<link" not in page.lower()
+        references = re.findall(r"""\b(?:src|href)\s*=\s*["']?([^"'\s>]+)""", page)
+        assert references and all(r.startswith("data:image/png;base64,") for r in references)
+    # Every plot written is inlined.
+    assert gpu_report["report.html"].read_text().count("data:image/png;base64,") == 3
+
+
+def test_html_shows_checks_and_explains_links(gpu_report):
+    page = gpu_report["report.html"].read_text()
+    assert "Overall verdict: PASS" in page
+    assert page.index("Overall verdict") < page.index("GPU-to-GPU bandwidth")  # the verdict comes first
+    assert "GPU0-&gt;GPU1 crosses NV4" in page and "SYS" in page
+    assert "<code>nvidia-smi topo -m</code>" in page
+
+
+def test_failed_run_with_hostile_names_still_reports(tmp_path):
+    data = gpu_data()
+    data["p2p"]["matrix"][2][3] = data["p2p"]["matrix"][3][2] = 40.0
+    data["tests"] = {
+        "passed": 3,
+        "failed": 1,
+        "skipped": 0,
+        "failures": [
+            {"nodeid": "suites/t.py::test_<script>alert(1)</script>", "longrepr": "E  <b>x</b> & y"}
+        ],
+    }
+    data["baseline"]["rows"][0].update(ratio=1.3, now_median_s=0.013, verdict="regression")
+    files = write_report(tmp_path, data)
+    page = files["report.html"].read_text()
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "E  &lt;b&gt;x&lt;/b&gt; &amp; y" in page
+    report = read_json(files)
+    assert report["verdict"] == "FAIL"
+    failing = {c["name"] for c in report["checks"] if c["status"] == "FAIL"}
+    assert failing == {"link GPU2<->GPU3", "test run", "benchmark baseline"}
+    assert (
+        "test_all_reduce[1MiB]"
+        in next(c for c in report["checks"] if c["name"] == "benchmark baseline")["reason"]
+    )
+
+
+def test_a_reused_folder_loses_stale_plots(tmp_path):
+    write_report(tmp_path, gpu_data())
+    files = write_report(tmp_path, cpu_data())
+    assert not (tmp_path / "p2p_bandwidth.png").exists()
+    assert set(files) == {"report.json", "report.html", "busbw_vs_size.png"}
+
+
+def test_one_gpu_has_no_pairs_to_plot(tmp_path):
+    data = cpu_data()
+    data["p2p"] = {
+        "unit": "GB/s",
+        "bidirectional": False,
+        "devices": ["GPU0"],
+        "matrix": [[None]],
+        "classes": [["X"]],
+    }
+    files = write_report(tmp_path, data)
+    assert "p2p_bandwidth.png" not in files
+    assert read_json(files)["checks"][0]["name"] == "links"
+
+
+def test_p2p_baseline_is_used(tmp_path):
+    data = gpu_data()
+    data["p2p"]["baseline"] = {"bidirectional": True, "GBps": {"NV4": 150.0, "SYS": 7.9}}
+    report = read_json(write_report(tmp_path, data))
+    nv4 = next(c for c in report["checks"] if c["name"] == "class NV4")
+    assert nv4["status"] == "WARN" and "baseline" in nv4["reason"]
+
+
+def test_without_matplotlib_plots_are_skipped_with_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    files = write_report(tmp_path, gpu_data())
+    assert set(files) == {"report.json", "report.html"}
+    assert "matplotlib is not installed" in files["report.html"].read_text()
+
+
+def mutate(path: str, value):
+    """A copy of gpu_data() with the field at `path` (dots and [i]) set to `value`, or deleted for DELETE."""
+
+    def apply(data):
+        keys = [int(k) if k.isdigit() else k for k in re.findall(r"[^.\[\]]+", path)]
+        target = data
+        for key in keys[:-1]:
+            target = target[key]
+        if value is DELETE:
+            del target[keys[-1]]
+        else:
+            target[keys[-1]] = value
+        return data
+
+    return apply
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (mutate("tests", DELETE), "tests is missing"),
+        (mutate("tests.passed", True), "tests.passed must be integer"),
+        (mutate("colour", "red"), "colour is not a known field"),
+        (mutate("collectives[1].bytes", -1), "collectives[1].bytes must be >= 1"),
+        (mutate("collectives[0].busbw_GBps", float("nan")), "collectives[0].busbw_GBps must be number"),
+        (mutate("p2p.matrix[1][2]", "fast"), "p2p.matrix[1][2] must be number or null"),
+        (mutate("p2p.matrix[0][1]", -3.0), "p2p.matrix[0][1] must be a finite bandwidth"),
+        (mutate("p2p.classes[0][1]", "PCI"), "p2p.classes[0][1] must be a link class"),
+        (mutate("p2p.classes", [["X"]]), "p2p.classes must be 8 x 8"),
+        (mutate("p2p.unit", "MB/s"), 'p2p.unit must be one of "GB/s"'),
+        (mutate("p2p.baseline", {"bidirectional": False, "GBps": {}}), "p2p.baseline.bidirectional"),
+        (mutate("created", "yesterday"), "created must be an ISO 8601 time"),
+        (mutate("fingerprint.cpu_model", DELETE), "fingerprint.cpu_model must be present"),
+        (mutate("baseline.rows[1].verdict", "slower"), "baseline.rows[1].verdict must be one of"),
+        (mutate("baseline.rows[0].ratio", 0), "baseline.rows[0].ratio must be > 0"),
+        (mutate("tests.failures[0]", {"nodeid": "x"}), "tests.failures[0].longrepr is missing"),
+    ],
+)
+def test_bad_data_is_one_line_naming_the_field(tmp_path, change, message):
+    data = gpu_data()
+    data["tests"]["failures"] = [{"nodeid": "a::b", "longrepr": "E"}]
+    folder = tmp_path / "report"
+    with pytest.raises(ReportError) as info:
+        write_report(folder, change(data))
+    text = str(info.value)
+    assert message in text and "\n" not in text
+    assert not folder.exists()  # nothing is written from bad data
+
+
+def test_not_a_dict_at_all(tmp_path):
+    with pytest.raises(ReportError, match=r"\(top level\) must be object"):
+        write_report(tmp_path, ["not", "a", "dict"])
+
+
+def test_schemas_describe_the_documents():
+    # The report is the data plus what write_report adds, and both are plain JSON.
+    added = set(REPORT_SCHEMA["properties"]) - set(DATA_SCHEMA["properties"])
+    assert added == {"schema_version", "verdict", "checks", "plots"}
+    json.dumps(REPORT_SCHEMA)
+    validate(copy.deepcopy(gpu_data()), DATA_SCHEMA)
+    with pytest.raises(ReportError, match="optional_float must be number"):
+        validate({"optional_float": float("inf")}, {"properties": {"optional_float": {"type": "number"}}})
+
+
+def test_png_plots_draw_directly():
+    data = gpu_data()
+    png = node_report.p2p_plot(data["p2p"], [])
+    assert png[:8] == PNG_MAGIC
+    assert node_report.busbw_plot(data["collectives"])[:8] == PNG_MAGIC
+    assert node_report.baseline_plot(data["baseline"]["rows"], 1.05)[:8] == PNG_MAGIC
