@@ -84,7 +84,8 @@ def test_existing_baseline_is_never_overwritten_without_the_flag(pytester, bench
     before = digest(path)
     again = run(pytester, "--baseline-save")
     assert again.ret == pytest.ExitCode.TESTS_FAILED
-    again.stdout.fnmatch_lines([f"baseline error: {path}: a baseline already exists; pass --baseline-overwrite*"])
+    refusal = f"baseline error: {path}: a baseline already exists; pass --baseline-overwrite*"
+    again.stdout.fnmatch_lines([refusal])
     assert digest(path) == before
     run(pytester, "--baseline-save", "--baseline-overwrite").assert_outcomes(passed=1)
     assert digest(path) != before

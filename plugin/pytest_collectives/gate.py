@@ -8,7 +8,6 @@ session: save, resolve, compare, report, and set the exit status.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
