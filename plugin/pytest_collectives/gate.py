@@ -8,6 +8,7 @@ session: save, resolve, compare, report, and set the exit status.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,6 +72,8 @@ class BaselineGate:
         self.root = config.rootpath / (config.getini("baseline_dir") or "baselines")
         self.lines: list[str] = []
         self.rows: list[tuple[str, Verdict]] = []
+        self.fingerprint = None  # detected at session end, once there are results
+        self.baseline_path: Path | None = None
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         results = collect_results(self.config)
@@ -85,7 +88,7 @@ class BaselineGate:
     def _gate(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
         from .topology import detect, topology_id
 
-        fingerprint = detect(self.backend, self.gpus)
+        self.fingerprint = fingerprint = detect(self.backend, self.gpus)
         current = topology_id(fingerprint)
         opt = self.config.getoption
         if opt("baseline_save"):
@@ -100,6 +103,7 @@ class BaselineGate:
             )
             return
         base = resolved.baseline
+        self.baseline_path = base.path
         if resolved.foreign:
             self.lines.append(f"comparing with a baseline of another topology ({base.topology_id}), as asked")
         self.rows, missing = compare_all(base.benchmarks, results, self.min_effect)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from . import gate, options
+from . import gate, options, session_report
 from .bench import BenchSpec, record
 from .messages import Task
 from .report import DistributedTestFailure, GroupOutcome
@@ -26,6 +26,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(flag, dest=f"collectives_{name}", default=None, help=f"{help_text}; ini: {name}")
         parser.addini(name, help_text, default=default)
     gate.addoptions(parser, group)
+    group.addoption(
+        "--node-report",
+        metavar="DIR",
+        help="write a node validation report (report.html, report.json, plots) into DIR",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,6 +52,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(
         gate.BaselineGate(config, settings.backend, settings.gpus), "collectives-gate"
     )
+    if config.getoption("node_report"):
+        report = session_report.NodeReport(config, config.getoption("node_report"))
+        config.pluginmanager.register(report, "collectives-node-report")
 
 
 class GroupReplacedWarning(pytest.PytestWarning):

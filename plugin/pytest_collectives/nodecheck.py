@@ -61,6 +61,7 @@ EXPECTED_GBPS: dict[str, dict[str, float]] = {
 }
 
 # The `nvidia-smi topo -m` legend, word for word after "Connection traversing", and what it means for a copy.
+LOOPBACK_LINK = "LOOPBACK"  # CPU ranks of one host: every pair is alike, there is no floor to hold them to
 LINK_LEGEND: dict[str, str] = {
     "NV#": "a bonded set of # NVLinks",
     "PIX": "at most a single PCIe bridge",
@@ -68,6 +69,7 @@ LINK_LEGEND: dict[str, str] = {
     "PHB": "PCIe as well as a PCIe Host Bridge (typically the CPU)",
     "NODE": "PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
     "SYS": "PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
+    LOOPBACK_LINK: "loopback sockets between processes of one host (CPU ranks: no GPU link)",
 }
 _LINK_GLOSS: dict[str, str] = {
     "NV#": "a direct GPU-to-GPU path that touches neither PCIe nor the CPU",
@@ -76,6 +78,7 @@ _LINK_GLOSS: dict[str, str] = {
     "PHB": "the copy passes through the CPU's PCIe root",
     "NODE": "the copy passes between the PCIe roots of one CPU",
     "SYS": "the longest path inside a node, over the link between NUMA nodes or CPU sockets",
+    LOOPBACK_LINK: "memory bandwidth and the kernel's socket path set the pace, judged by consistency alone",
 }
 _NV_LINK = re.compile(r"NV(\d+)")
 _PCIE_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS")  # fastest first
@@ -224,7 +227,7 @@ def _link(i: int, j: int, value: Any) -> str:
         return "X"
     token = normalize_link(value) if isinstance(value, str) else value
     if not isinstance(token, str) or not (
-        token in _PCIE_ORDER or token == UNKNOWN_LINK or _NV_LINK.fullmatch(token)
+        token in _PCIE_ORDER or token in (UNKNOWN_LINK, LOOPBACK_LINK) or _NV_LINK.fullmatch(token)
     ):
         raise NodeCheckError(
             f"classes[{i}][{j}] must be a link class of nvidia-smi topo -m (NV#, PIX, PXB, PHB, NODE, SYS) "
@@ -522,9 +525,10 @@ def _class_check(
         reason = f"{head}, below the {floor:.1f} GB/s sanity floor for {link}: {_floor_advice(link)}."
         return Check(f"class {link}", FAIL, reason, details)
     if base is None:
-        reason = (
-            f"{head}, above the {floor:.1f} GB/s sanity floor for {link} (there is no baseline to compare)."
+        above = (
+            f"above the {floor:.1f} GB/s sanity floor for {link}" if floor is not None else "no floor applies"
         )
+        reason = f"{head}, {above} (there is no baseline to compare)."
         return Check(f"class {link}", PASS, reason, details)
     ratio = median / base
     status = _status(ratio, threshold, warn)

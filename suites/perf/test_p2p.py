@@ -141,5 +141,5 @@ def test_pair_bandwidth(pg, benchmark, pair, nbytes):
     src, dst = pair
     buf = torch.ones(nbytes // 4, device=pg.device)
     inbox = torch.empty_like(buf)
-    benchmark.extra_info.update(dtype="float32", src=src, dst=dst, mode="send_recv")
+    benchmark.extra_info.update(dtype="float32", src=src, dst=dst, mode="send_recv", matrix="pairs")
     benchmark(transfer, "send_recv", "unidir", buf, inbox, pg.rank, src, dst, nbytes=nbytes, collective="p2p")

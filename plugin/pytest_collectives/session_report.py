@@ -1,0 +1,128 @@
+"""``--node-report DIR``: the session's results gathered into node_report's data and written as a folder.
+
+Node validation in one command: the suites' outcomes, the all-pairs P2P matrix, the collectives' bus
+bandwidth and the baseline verdicts go to node_report.write_report, which judges the node. A run whose
+tests failed still gets its report, with the failures in it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .baselines import BenchmarkEntry
+from .nodecheck import LOOPBACK_LINK
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+MAX_LONGREPR = 4000
+
+
+def p2p_matrix(results: dict[str, BenchmarkEntry], link: Callable[[int, int], str]) -> dict[str, Any] | None:
+    """The all-pairs matrix (unidirectional GB/s) from the benchmarks marked ``matrix: pairs``, at the
+    largest message size measured; None when the run measured no pairs."""
+    pairs = [e.extra_info for e in results.values() if e.extra_info.get("matrix") == "pairs"]
+    if not pairs:
+        return None
+    largest = max(p["nbytes"] for p in pairs)
+    pairs = [p for p in pairs if p["nbytes"] == largest]
+    n = 1 + max(max(p["src"], p["dst"]) for p in pairs)
+    matrix: list[list[float | None]] = [[None] * n for _ in range(n)]
+    for p in pairs:
+        matrix[p["src"]][p["dst"]] = p["algbw_GBps"]
+    if any(matrix[i][j] is None for i in range(n) for j in range(n) if i != j):
+        return None  # a partial matrix (some pairs deselected) can't be judged pair against pair
+    return {
+        "unit": "GB/s",
+        "bidirectional": False,
+        "devices": [f"GPU{i}" if pairs[0].get("devices") != "cpu" else f"rank{i}" for i in range(n)],
+        "matrix": matrix,
+        "classes": [[("X" if i == j else link(i, j)) for j in range(n)] for i in range(n)],
+    }
+
+
+def collective_rows(results: dict[str, BenchmarkEntry]) -> list[dict[str, Any]]:
+    """busbw per collective and size: one line per (algorithm, world size) in the plot."""
+    rows = []
+    for entry in results.values():
+        info = entry.extra_info
+        if info.get("collective") in COLLECTIVES and info.get("nbytes") and "busbw_GBps" in info:
+            name = f"{info.get('algorithm', info['collective'])} n={info['world_size']}"
+            if "steps" in info:
+                name += f" S={info['steps']}"
+            rows.append(
+                {"name": name, "bytes": info["nbytes"], "busbw_GBps": info["busbw_GBps"],
+                 "algbw_GBps": info["algbw_GBps"]}
+            )  # fmt: skip
+    return sorted(rows, key=lambda r: (r["name"], r["bytes"]))
+
+
+class NodeReport:
+    def __init__(self, config: pytest.Config, directory: str) -> None:
+        self.config = config
+        self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise pytest.UsageError(f"--node-report {directory}: is a file; name a folder to write into")
+        self.counts = {"passed": 0, "failed": 0, "skipped": 0}
+        self.failures: list[dict[str, str]] = []
+        self.written: dict[str, Path] = {}
+        self.error = ""
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or report.outcome != "passed":
+            self.counts[report.outcome] += 1
+            if report.failed:
+                self.failures.append(
+                    {"nodeid": report.nodeid, "longrepr": report.longreprtext[-MAX_LONGREPR:]}
+                )
+
+    @pytest.hookimpl(trylast=True)  # after the gate has compared with the baseline
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        from . import gate
+        from .node_report import ReportError, write_report
+        from .topology import detect, link_class, topology_id
+
+        gate_plugin = self.config.pluginmanager.get_plugin("collectives-gate")
+        fingerprint = gate_plugin.fingerprint or detect(gate_plugin.backend, gate_plugin.gpus)
+        results = gate.collect_results(self.config)
+        cpu = fingerprint.kind == "cpu"
+        data = {
+            "topology_id": topology_id(fingerprint),
+            "fingerprint": fingerprint.to_json(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "p2p": p2p_matrix(
+                results, (lambda i, j: LOOPBACK_LINK) if cpu else partial(link_class, fingerprint)
+            ),
+            "collectives": collective_rows(results),
+            "baseline": {
+                "available": gate_plugin.baseline_path is not None,
+                "path": str(gate_plugin.baseline_path) if gate_plugin.baseline_path else None,
+                "regression_threshold": 1 + gate_plugin.min_effect / 2,
+                "rows": [
+                    {
+                        "benchmark": name,
+                        "baseline_median_s": v.baseline_median,
+                        "now_median_s": v.current_median,
+                        "ratio": v.ratio,
+                        "verdict": v.verdict,
+                    }
+                    for name, v in gate_plugin.rows
+                ],  # fmt: skip
+            },
+            "tests": {**self.counts, "failures": self.failures},
+        }
+        try:
+            self.written = write_report(self.directory, data)
+        except (ReportError, OSError) as exc:
+            self.error = f"node report not written: {exc}"
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.written:
+            terminalreporter.write_line(f"node report: {self.directory / 'report.html'}")
+        if self.error:
+            terminalreporter.write_line(self.error)
