@@ -119,7 +119,7 @@ def test_tensor_to(pg, benchmark, peer, nbytes):
 
     def copy():
         if pg.rank == 0:
-            src.to(target)
+            src.to(target, copy=True)  # to the same device, .to() would return src itself
             torch.cuda.synchronize(target)
 
     benchmark.extra_info.update(dtype="float32", src=0, dst=peer)
