@@ -66,4 +66,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for marker in item.iter_markers("backend_bug"):
             if marker.args[0] == backend:
-                item.add_marker(pytest.mark.xfail(reason=f"{backend}: {marker.kwargs['reason']}", strict=True))
+                reason = f"{backend}: {marker.kwargs['reason']}"
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=True))

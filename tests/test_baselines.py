@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from pytest_collectives import baselines
 from pytest_collectives.baselines import (
     SCHEMA_VERSION,

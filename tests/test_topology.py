@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from pytest_collectives import topology
 from pytest_collectives.topology import (
     Fingerprint,
