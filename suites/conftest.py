@@ -12,7 +12,7 @@ from pytest_collectives.hooks import settings_of
 # database is hypothesis' default (.hypothesis/ in the working directory), so a failure found once is
 # tried first on the next run; print_blob prints a @reproduce_failure line for any failure.
 _COMMON = {"deadline": None, "print_blob": True, "suppress_health_check": [HealthCheck.too_slow]}
-settings.register_profile("ci", max_examples=60, **_COMMON)
+settings.register_profile("ci", max_examples=80, **_COMMON)
 settings.register_profile("thorough", max_examples=2000, **_COMMON)
 settings.load_profile("ci")  # --hypothesis-profile thorough (hypothesis' own option) overrides this
 

@@ -1,0 +1,113 @@
+"""Reduce-scatter in all its forms agrees with the exact reference: the backend's (in and out of place),
+the ring with S steps (S a multiple of the group size), and GEMM + ring reduce-scatter pipelined."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from cases import DTYPES, EDGE_SIZES, FLOATS, group_of, reductions
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_collectives import algorithms as alg
+from pytest_collectives.reference import OPS, assert_gemm_sum_close, assert_reduced_close, rank_input
+
+CHUNKS = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 3000))
+
+
+def blocks_of(inputs: list[torch.Tensor], n: int, me: int) -> list[torch.Tensor]:
+    """Every rank's contribution to block ``me`` of the reduce-scatter."""
+    return [x.view(n, -1)[me] for x in inputs]
+
+
+@pytest.mark.world_size()
+@given(case=reductions(), chunk=CHUNKS, in_place=st.booleans())
+def test_backend_reduce_scatter(pg, case, chunk, in_place):
+    """In place: the output is this rank's own slice of the input, which NCCL and gloo both allow."""
+    group, ranks = group_of(pg, case.members)
+    if group is None:
+        return
+    n, me = len(ranks), ranks.index(pg.rank)
+    inputs = [rank_input(pg.seed, r, n * chunk, case.dtype) for r in ranks]
+    source = inputs[me].to(pg.device, copy=True)
+    output = source.view(n, -1)[me] if in_place else torch.empty(chunk, dtype=case.dtype, device=pg.device)
+    if case.op == "avg":
+        case = case.__class__(**{**case.__dict__, "op": "sum"})  # AVG is covered by test_avg_support
+    dist.reduce_scatter_tensor(output, source, op=OPS[case.op], group=group)
+    assert_reduced_close(output, blocks_of(inputs, n, me), case.op)
+
+
+@pytest.mark.world_size()
+@given(
+    dtype=st.sampled_from(DTYPES),
+    chunk=CHUNKS,
+    in_place=st.booleans(),
+    members=reductions().map(lambda c: c.members),
+)
+def test_backend_all_gather(pg, dtype, chunk, in_place, members):
+    group, ranks = group_of(pg, members)
+    if group is None:
+        return
+    n, me = len(ranks), ranks.index(pg.rank)
+    inputs = [rank_input(pg.seed, r, chunk, dtype) for r in ranks]
+    output = torch.empty(n * chunk, dtype=dtype, device=pg.device)
+    mine = output.view(n, -1)[me] if in_place else torch.empty(chunk, dtype=dtype, device=pg.device)
+    mine.copy_(inputs[me])
+    dist.all_gather_into_tensor(output, mine, group=group)
+    assert torch.equal(output.cpu(), torch.cat(inputs))
+
+
+@pytest.mark.world_size()
+@given(
+    case=reductions(dtypes=FLOATS + [torch.int32, torch.int64]),
+    chunk=CHUNKS,
+    steps_per_rank=st.integers(1, 5),
+)
+def test_ring_reduce_scatter(pg, case, chunk, steps_per_rank):
+    """Any S = k n, including sub-chunks smaller than one element per step (chunk < k)."""
+    group, ranks = group_of(pg, case.members)
+    if group is None:
+        return
+    n, me = len(ranks), ranks.index(pg.rank)
+    inputs = [rank_input(pg.seed, r, n * chunk, case.dtype) for r in ranks]
+    output = torch.empty(chunk, dtype=case.dtype, device=pg.device)
+    result = alg.ring_reduce_scatter(
+        output, inputs[me].to(pg.device, copy=True), group=group, steps=steps_per_rank * n
+    )
+    assert result is output
+    assert_reduced_close(output, blocks_of(inputs, n, me), "sum")
+
+
+@pytest.mark.world_size()
+def test_ring_reduce_scatter_rejects_bad_steps(pg):
+    n = pg.world_size
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        alg.ring_reduce_scatter(torch.empty(1), torch.empty(n), steps=n + 1)
+    with pytest.raises(ValueError, match="expected"):
+        alg.ring_reduce_scatter(torch.empty(2), torch.empty(n))
+
+
+@pytest.mark.world_size()
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    rows_per_rank=st.integers(1, 9),
+    inner=st.integers(1, 24),
+    cols=st.integers(1, 24),
+    steps_per_rank=st.integers(1, 3),
+    pipelined=st.booleans(),
+)
+def test_gemm_reduce_scatter(pg, dtype, rows_per_rank, inner, cols, steps_per_rank, pipelined):
+    """Pipelined or not, the result is this rank's row block of sum_r A_r @ B_r (matmul + reduce-scatter)."""
+    n, me = pg.world_size, pg.rank
+    m = rows_per_rank * n
+    # each rank's own K_r: ranks may hold different inner dimensions
+    a = [rank_input(pg.seed, r, (m, inner + r), dtype) for r in range(n)]
+    b = [rank_input(pg.seed + 1, r, (inner + r, cols), dtype) for r in range(n)]
+    mine_a, mine_b = a[me].to(pg.device, copy=True), b[me].to(pg.device, copy=True)
+    if pipelined:
+        result = alg.gemm_reduce_scatter(mine_a, mine_b, steps=steps_per_rank * n)
+    else:
+        result = alg.gemm_reduce_scatter_sequential(mine_a, mine_b)
+    rows = slice(me * rows_per_rank, (me + 1) * rows_per_rank)
+    assert_gemm_sum_close(result, [x[rows] for x in a], b)
