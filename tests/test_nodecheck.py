@@ -324,3 +324,15 @@ def test_small_classes_of_a_four_gpu_node_are_left_to_floors_and_baselines():
     matrix[0][1] = matrix[1][0] = 100.0
     baseline = {"bidirectional": False, "GBps": typical}
     assert [c.name for c in flagged(judge_node(matrix, classes, False, baseline))] == ["class NV12"]
+
+
+def test_cpu_ranks_over_loopback_are_judged_by_consistency_alone():
+    n = 4
+    matrix = [[0.0 if i == j else 1.3 + 0.01 * ((i + j) % 3) for j in range(n)] for i in range(n)]
+    classes = [["X" if i == j else nodecheck.LOOPBACK_LINK for j in range(n)] for i in range(n)]
+    assert all(c.status == "PASS" for c in judge_node(matrix, classes, bidirectional=False))
+    matrix[1][2] = matrix[2][1] = 0.3
+    checks = judge_node(matrix, classes, bidirectional=False)
+    flagged = [(c.name, c.status) for c in checks if c.status != "PASS"]
+    assert flagged == [("link GPU1<->GPU2", "FAIL")]
+    assert "loopback" in nodecheck.link_meaning(nodecheck.LOOPBACK_LINK)

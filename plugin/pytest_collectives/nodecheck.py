@@ -69,7 +69,6 @@ LINK_LEGEND: dict[str, str] = {
     "PHB": "PCIe as well as a PCIe Host Bridge (typically the CPU)",
     "NODE": "PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
     "SYS": "PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
-    LOOPBACK_LINK: "loopback sockets between processes of one host (CPU ranks: no GPU link)",
 }
 _LINK_GLOSS: dict[str, str] = {
     "NV#": "a direct GPU-to-GPU path that touches neither PCIe nor the CPU",
@@ -78,7 +77,6 @@ _LINK_GLOSS: dict[str, str] = {
     "PHB": "the copy passes through the CPU's PCIe root",
     "NODE": "the copy passes between the PCIe roots of one CPU",
     "SYS": "the longest path inside a node, over the link between NUMA nodes or CPU sockets",
-    LOOPBACK_LINK: "memory bandwidth and the kernel's socket path set the pace, judged by consistency alone",
 }
 _NV_LINK = re.compile(r"NV(\d+)")
 _PCIE_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS")  # fastest first
@@ -115,6 +113,8 @@ def overall(checks: Sequence[Check]) -> str:
 
 def link_meaning(link: str) -> str:
     """The legend's words for a link class, then what they mean for a copy."""
+    if link == LOOPBACK_LINK:
+        return "loopback sockets between processes of one host (CPU ranks, no GPU link)"
     nv = _NV_LINK.fullmatch(link)
     key = "NV#" if nv else link
     if key not in LINK_LEGEND:
