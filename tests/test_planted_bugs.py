@@ -1,0 +1,113 @@
+"""The conformance suites can fail: plant a bug in each algorithm and watch the property tests catch it.
+
+Each mutant is a copy of pytest_collectives/algorithms.py with one textual change; the suite's test files
+are copied beside it, importing the mutant instead. Shrinking is left out (the ``planted`` profile) so
+the time measured is the time to the first failing example.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+import pytest_collectives.algorithms
+
+SUITE = Path(__file__).resolve().parents[1] / "suites"
+IMPORT = "from pytest_collectives import algorithms as alg"
+
+# (id, original text, planted text, test file, -k expression)
+MUTANTS = [
+    (
+        "ring-off-by-one-chunk",
+        "chunks[(rank - step - 1) % n]",
+        "chunks[(rank - step - 2) % n]",
+        "test_all_reduce.py",
+        "matches_exact_reference",
+    ),
+    (
+        "ring-missing-last-step",
+        "    for step in range(n - 1):\n        # Chunks are disjoint views",
+        "    for step in range(n - 2):\n        # Chunks are disjoint views",
+        "test_all_reduce.py",
+        "matches_exact_reference",
+    ),
+    (
+        "ring-wrong-peer-in-subgroups",
+        "dist.get_global_rank(group, (rank + 1) % n)",
+        "(rank + 1) % n",
+        "test_all_reduce.py",
+        "matches_exact_reference",
+    ),
+    (
+        "rings-wrong-op",
+        "ReduceOp.MIN: lambda acc, x: torch.minimum(acc, x, out=acc)",
+        "ReduceOp.MIN: lambda acc, x: torch.maximum(acc, x, out=acc)",
+        "test_all_reduce.py",
+        "matches_exact_reference",
+    ),
+    (
+        "decomposition-dropped-padding",
+        "pad = -flat.numel() % n",
+        "pad = 0",
+        "test_all_reduce.py",
+        "decompositions_agree",
+    ),
+    (
+        "ring-reduce-scatter-wrong-block",
+        "contribution((rank - t % n - 1) % n, t // n)",
+        "contribution((rank - t % n) % n, t // n)",
+        "test_reduce_scatter.py",
+        "ring_reduce_scatter and not rejects",
+    ),
+    (
+        "gemm-reduce-scatter-drops-partial-sum",
+        "partial = received.add_(upcoming)",
+        "partial = upcoming",
+        "test_reduce_scatter.py",
+        "gemm",
+    ),
+]
+
+PLANTED_PROFILE = """
+from hypothesis import Phase, settings
+settings.register_profile("planted", parent=settings.get_profile("ci"),
+                          phases=[Phase.explicit, Phase.generate], database=None)
+"""
+
+
+def plant(directory: Path, original: str, planted: str, test_file: str) -> None:
+    source = Path(pytest_collectives.algorithms.__file__).read_text()
+    assert source.count(original) == 1, f"the mutation site {original!r} is not unique in algorithms.py"
+    (directory / "mutant.py").write_text(source.replace(original, planted))
+    (directory / "conftest.py").write_text((SUITE / "conftest.py").read_text() + PLANTED_PROFILE)
+    shutil.copy(SUITE / "conformance" / "cases.py", directory / "cases.py")
+    test = (SUITE / "conformance" / test_file).read_text()
+    assert IMPORT in test
+    (directory / test_file).write_text(test.replace(IMPORT, "import mutant as alg"))
+
+
+@pytest.mark.parametrize("name, original, planted, test_file, select", MUTANTS, ids=[m[0] for m in MUTANTS])
+def test_planted_bug_is_caught(pytester: pytest.Pytester, name, original, planted, test_file, select) -> None:
+    plant(pytester.path, original, planted, test_file)
+    start = time.monotonic()
+    result = pytester.runpytest(
+        test_file, "-x", "-k", select, "--world-sizes", "3,4", "--dist-timeout", "20",
+        "--hypothesis-profile", "planted", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    outcomes = result.parseoutcomes()
+    print(f"\nplanted bug {name}: caught={outcomes.get('failed', 0) > 0} in {elapsed:.1f} s")
+    assert outcomes.get("failed", 0) >= 1, f"{name} was not caught:\n{result.stdout.str()[-3000:]}"
+
+
+def test_the_unmutated_copy_passes(pytester: pytest.Pytester) -> None:
+    """The control: the same harness with nothing planted passes, so a catch above is the bug's doing."""
+    plant(pytester.path, "def all_reduce_direct(", "def all_reduce_direct(", "test_all_reduce.py")
+    result = pytester.runpytest(
+        "test_all_reduce.py", "-k", "matches_exact_reference", "--world-sizes", "3",
+        "--hypothesis-profile", "planted", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
