@@ -29,8 +29,8 @@ MUTANTS = [
     ),
     (
         "ring-missing-last-step",
-        "    for step in range(n - 1):\n        # Chunks are disjoint views",
-        "    for step in range(n - 2):\n        # Chunks are disjoint views",
+        "range(n - 1):\n            # Chunks are disjoint views",
+        "range(n - 2):\n            # Chunks are disjoint views",
         "test_all_reduce.py",
         "matches_exact_reference",
     ),

@@ -20,7 +20,8 @@ Sources:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -61,12 +62,10 @@ def all_reduce_direct(
 ) -> Tensor:
     """The backend's own all-reduce, in place: the baseline every other algorithm is measured against.
 
-    A non-contiguous tensor goes through a dense copy: gloo silently reduces the wrong elements of one.
+    A non-contiguous tensor goes through a dense copy (see _dense).
     """
-    work = tensor.contiguous()
-    dist.all_reduce(work, op=op, group=group)
-    if work is not tensor:
-        tensor.copy_(work)
+    with _dense(tensor) as work:
+        dist.all_reduce(work, op=op, group=group)
     return tensor
 
 
@@ -79,11 +78,9 @@ def all_reduce_reduce_broadcast(
     correct but unbalanced decomposition.
     """
     global_root = dist.get_global_rank(_resolve(group), root)
-    work = tensor.contiguous()
-    dist.reduce(work, dst=global_root, op=op, group=group)
-    dist.broadcast(work, src=global_root, group=group)
-    if work is not tensor:
-        tensor.copy_(work)
+    with _dense(tensor) as work:
+        dist.reduce(work, dst=global_root, op=op, group=group)
+        dist.broadcast(work, src=global_root, group=group)
     return tensor
 
 
@@ -123,23 +120,21 @@ def ring_all_reduce(
     """
     combine = _combiner(op)
     rank, n, left, right = _ring(group, tensor.device)
-    work = tensor.contiguous()
-    chunks = work.view(-1).tensor_split(n)
-    # tensor_split puts the larger chunks first, so chunk 0 bounds every incoming one.
-    scratch = torch.empty_like(chunks[0])
-    for step in range(n - 1):
-        mine, incoming = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
-        received = scratch[: incoming.numel()]
-        _wait(_shift(mine, received, left, right, group))
-        combine(incoming, received)
-    if op == ReduceOp.AVG:
-        # Only the owner divides its chunk; the all-gather then spreads the finished average.
-        chunks[(rank + 1) % n].div_(n)
-    for step in range(n - 1):
-        # Chunks are disjoint views, so the incoming finished chunk lands directly in place.
-        _wait(_shift(chunks[(rank + 1 - step) % n], chunks[(rank - step) % n], left, right, group))
-    if work is not tensor:
-        tensor.copy_(work)
+    with _dense(tensor) as work:
+        chunks = work.view(-1).tensor_split(n)
+        # tensor_split puts the larger chunks first, so chunk 0 bounds every incoming one.
+        scratch = torch.empty_like(chunks[0])
+        for step in range(n - 1):
+            mine, incoming = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
+            received = scratch[: incoming.numel()]
+            _wait(_shift(mine, received, left, right, group))
+            combine(incoming, received)
+        if op == ReduceOp.AVG:
+            # Only the owner divides its chunk; the all-gather then spreads the finished average.
+            chunks[(rank + 1) % n].div_(n)
+        for step in range(n - 1):
+            # Chunks are disjoint views, so the incoming finished chunk lands directly in place.
+            _wait(_shift(chunks[(rank + 1 - step) % n], chunks[(rank - step) % n], left, right, group))
     return tensor
 
 
@@ -156,16 +151,14 @@ def naive_ring_all_reduce(
     """
     combine = _combiner(op)
     _, n, left, right = _ring(group, tensor.device)
-    work = tensor.contiguous()
-    outgoing, incoming = work.clone(), torch.empty_like(work)
-    for _ in range(n - 1):
-        _wait(_shift(outgoing, incoming, left, right, group))
-        combine(work, incoming)
-        outgoing, incoming = incoming, outgoing
-    if op == ReduceOp.AVG:
-        work.div_(n)
-    if work is not tensor:
-        tensor.copy_(work)
+    with _dense(tensor) as work:
+        outgoing, incoming = work.clone(), torch.empty_like(work)
+        for _ in range(n - 1):
+            _wait(_shift(outgoing, incoming, left, right, group))
+            combine(work, incoming)
+            outgoing, incoming = incoming, outgoing
+        if op == ReduceOp.AVG:
+            work.div_(n)
     return tensor
 
 
@@ -299,6 +292,17 @@ def _shift(
     return dist.batch_isend_irecv(
         [dist.P2POp(dist.isend, send, right, group), dist.P2POp(dist.irecv, recv, left, group)]
     )
+
+
+@contextlib.contextmanager
+def _dense(tensor: Tensor) -> Iterator[Tensor]:
+    """The tensor itself if contiguous, else a dense copy written back on exit: the algorithms take any
+    layout, but P2P ops and gloo's collectives read raw memory (gloo silently reduces the wrong elements
+    of a strided view)."""
+    work = tensor.contiguous()
+    yield work
+    if work is not tensor:
+        tensor.copy_(work)
 
 
 def _wait(works: list[dist.Work]) -> None:
