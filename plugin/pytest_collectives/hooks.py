@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import pickle
 import sys
 import warnings
@@ -44,11 +45,21 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, _, _ in options.OPTIONS:
         value = config.getoption(f"collectives_{name}")
         values[name] = str(value if value is not None else config.getini(name)).strip()
+    from . import spmd, xdist_support
+
     try:
-        settings = options.resolve(values, options.count_cuda_gpus)
-    except options.OptionError as exc:
+        env = spmd.detect(os.environ)
+        if env is None:
+            settings = options.resolve(values, options.count_cuda_gpus)
+        else:
+            settings = spmd.settings_for(values, env, options.count_cuda_gpus)
+        xdist_support.configure(config, settings, os.environ)
+    except (options.OptionError, spmd.SpmdError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.pluginmanager.register(DistributedSession(config, settings), "collectives-session")
+    session = DistributedSession(config, settings) if env is None else spmd.SpmdSession(config, settings, env)
+    config.pluginmanager.register(session, "collectives-session")
+    if env is not None and env.rank != 0:
+        return  # in SPMD mode rank 0 alone compares, saves and reports
     config.pluginmanager.register(
         gate.BaselineGate(config, settings.backend, settings.gpus), "collectives-gate"
     )

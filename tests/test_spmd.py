@@ -1,0 +1,283 @@
+"""SPMD mode: the launcher's variables, and pytest under torchrun on two loopback "nodes"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pytest_collectives import options
+from pytest_collectives.spmd import (
+    EXIT_HUNG,
+    SpmdEnv,
+    SpmdError,
+    Watchdog,
+    detect,
+    first_difference,
+    first_host,
+    settings_for,
+    tasks_per_node,
+)
+
+# Load the plugin by module name, so a checkout's copy on PYTHONPATH wins over an installed one.
+PLUGIN = ["-p", "no:collectives", "-p", "pytest_collectives.hooks", "-p", "no:cacheprovider"]
+
+TORCHRUN = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29400",
+}
+SLURM = {
+    "SLURM_PROCID": "2",
+    "SLURM_NTASKS": "8",
+    "SLURM_LOCALID": "2",
+    "SLURM_NODEID": "0",
+    "SLURM_TASKS_PER_NODE": "4(x2)",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_JOB_ID": "123456",
+}
+
+
+def test_torchrun_variables() -> None:
+    assert detect(TORCHRUN) == SpmdEnv("torchrun", 3, 4, 1, 2, "10.0.0.1", 29400)
+
+
+def test_slurm_variables_and_the_default_master() -> None:
+    env = detect(SLURM)
+    assert env == SpmdEnv("slurm", 2, 8, 2, 4, "gpu07", 29500 + 456)
+    assert detect({**SLURM, "MASTER_ADDR": "head", "MASTER_PORT": "1234"}).master_addr == "head"
+
+
+def test_no_launcher_one_rank_or_switched_off_is_not_spmd() -> None:
+    assert detect({}) is None
+    assert detect({**TORCHRUN, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                   "GROUP_RANK": "0"}) is None  # fmt: skip
+    assert detect({**TORCHRUN, "COLLECTIVES_SPMD": "0"}) is None
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({**TORCHRUN, "RANK": "x"}, "RANK='x': expected a whole number"),
+        ({k: v for k, v in TORCHRUN.items() if k != "LOCAL_WORLD_SIZE"}, "LOCAL_WORLD_SIZE is not set"),
+        ({**TORCHRUN, "MASTER_ADDR": ""}, "MASTER_ADDR is not set"),
+        ({**TORCHRUN, "RANK": "4"}, "rank 4 is outside a world of 4 ranks"),
+        ({**TORCHRUN, "GROUP_RANK": "0"}, "not in per-node blocks of 2 ranks"),
+        ({**SLURM, "SLURM_TASKS_PER_NODE": "4,3"}, "every node must run the same number of ranks"),
+        ({**SLURM, "SLURM_NODEID": "1"}, "srun --distribution=block"),
+        ({k: v for k, v in SLURM.items() if k != "SLURM_JOB_NODELIST"}, "no master address: set MASTER_ADDR"),
+    ],
+    ids=["not-a-number", "missing", "no-master", "rank-range", "not-blocks", "uneven", "cyclic", "no-host"],
+)
+def test_bad_variables_are_one_line_errors(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SpmdError, match=message) as info:
+        detect(env)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "nodelist, host",
+    [("gpu[07-09,12]", "gpu07"), ("a1,b2", "a1"), ("n[3-4]-ib,m1", "n3-ib"), ("solo", "solo")],
+)
+def test_first_host_of_a_slurm_node_list(nodelist: str, host: str) -> None:
+    assert first_host(nodelist) == host
+
+
+def test_tasks_per_node() -> None:
+    assert tasks_per_node("4(x2)") == tasks_per_node("4,4") == tasks_per_node("4") == 4
+    with pytest.raises(SpmdError, match="expected counts"):
+        tasks_per_node("four")
+
+
+def test_node_of_labels_links() -> None:
+    env = detect(TORCHRUN)
+    assert [env.node_of(r) for r in range(4)] == [0, 0, 1, 1]
+    assert env.link(0, 1) == "intra-node" and env.link(1, 2) == "inter-node"
+
+
+def test_world_sizes_reach_the_whole_world() -> None:
+    env = SpmdEnv("slurm", 0, 16, 0, 8, "h", 1)
+    values = {"gpus": "0", "backend": "", "world_sizes": "", "dist_timeout": "120"}
+    assert settings_for(values, env, lambda: 0).world_sizes == (2, 3, 4, 8, 16)
+    assert settings_for({**values, "world_sizes": "2,16"}, env, lambda: 0).world_sizes == (2, 16)
+    with pytest.raises(options.OptionError, match="8 ranks per node need a GPU each"):
+        settings_for({**values, "gpus": "4"}, env, lambda: 4)
+
+
+def test_first_difference_names_the_test_and_the_ranks() -> None:
+    same = ["t.py::a", "t.py::b"]
+    assert first_difference([same, same]) is None
+    message = first_difference([same, same, ["t.py::a", "t.py::c"], ["t.py::a"]])
+    assert "ranks 2,3 differ from rank 0" in message
+    assert "test #2 is t.py::b on rank 0 but t.py::c on rank 2" in message
+
+
+def test_watchdog_dumps_every_thread_and_exits() -> None:
+    exits: list[int] = []
+    with tempfile.TemporaryFile("w+") as stream:
+        dog = Watchdog(rank=5, stream=stream, exit=exits.append)
+        dog.arm("t.py::test_x (2 ranks)", 0.2)
+        deadline = time.monotonic() + 5
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        dog.disarm()
+        stream.seek(0)
+        text = stream.read()
+    assert exits == [EXIT_HUNG]
+    assert "rank 5: t.py::test_x (2 ranks) still running 0.2 s" in text
+    assert "test_watchdog_dumps_every_thread_and_exits" in text  # the main thread's stack
+
+
+def test_disarmed_watchdog_stays_quiet() -> None:
+    exits: list[int] = []
+    with tempfile.TemporaryFile("w+") as stream:
+        dog = Watchdog(rank=0, stream=stream, exit=exits.append)
+        dog.arm("quick", 0.2)
+        dog.disarm()
+        time.sleep(0.4)
+    assert exits == []
+
+
+# --- end to end: pytest under torchrun, two "nodes" of two ranks on loopback ---------------------------
+
+INNER = """
+import os, time
+import pytest, torch
+import torch.distributed as dist
+from hypothesis import given, settings, strategies as st
+
+@pytest.mark.world_size(4)
+def test_all_reduce(pg):
+    t = torch.tensor([float(pg.rank + 1)])
+    dist.all_reduce(t)
+    assert t.item() == 10
+
+@pytest.mark.world_size(2)
+def test_subgroup(pg):
+    assert dist.get_world_size() == 2 == pg.world_size
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.all_reduce(t, group=pg.new_group([0, 1]))
+    assert t.item() == 4
+
+@pytest.mark.world_size(4)
+def test_rank_two(pg):
+    print(f"hello from rank {pg.rank}")
+    assert pg.rank != 2, "rank two disagrees"
+
+@pytest.mark.world_size(2, 4)
+@settings(max_examples=5)
+@given(n=st.integers(0, 40))
+def test_sizes(pg, n):
+    t = torch.ones(n)
+    dist.all_reduce(t)
+    assert t.eq(pg.world_size).all()
+
+@pytest.mark.world_size(4)
+def test_nodes(pg):
+    if hasattr(pg, "link"):  # SPMD only
+        assert [pg.node_of(r) for r in range(4)] == [0, 0, 1, 1]
+        assert pg.link(1, 2) == "inter-node"
+"""
+
+HANG = """
+import time, pytest
+
+@pytest.mark.world_size(4)
+def test_hang(pg):
+    if pg.rank == 1:
+        time.sleep(600)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_two_nodes(tmp: Path, args: list[str], timeout_s: float) -> tuple[list[int], str]:
+    """Two torchrun agents of 2 ranks each, as two nodes would run them; their exit codes and output."""
+    port = free_port()
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+    procs, logs = [], []
+    for node in (0, 1):
+        log = open(tmp / f"node{node}.log", "w+")  # noqa: SIM115 - closed below
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
+        cmd += ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        cmd += ["-m", "pytest", *PLUGIN, *args]
+        procs.append(subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))  # fmt: skip
+        logs.append(log)
+    try:
+        codes = [p.wait(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    text = ""
+    for log in logs:
+        log.seek(0)
+        text += log.read()
+        log.close()
+    return codes, text
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    result = {}
+    for case in ET.parse(junit).iter("testcase"):
+        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        result[case.get("name")] = kinds[0] if kinds else "passed"
+    return result
+
+
+@pytest.mark.slow
+def test_two_nodes_under_torchrun_match_a_pooled_run(tmp_path: Path) -> None:
+    (tmp_path / "test_inner.py").write_text(INNER)
+    args = ["test_inner.py", "--rootdir", str(tmp_path), "--dist-timeout", "60"]
+    codes, text = torchrun_two_nodes(tmp_path, [*args, "--junitxml", "spmd.xml"], timeout_s=240)
+    assert all(code != 0 for code in codes), text  # a test failed: every node reports failure
+    assert text.count("test session starts") == 1, text  # only rank 0 prints
+    for line in [
+        "1 of 4 ranks did not pass (failed on rank 2; passed on ranks 0,1,3)",
+        "rank 2: FAILED (first to fail)",
+        "AssertionError: rank two disagrees",
+        "hello from rank 3",
+        "collectives: SPMD mode (torchrun), 4 ranks on 2 node(s)",
+        "1 failed, 5 passed",
+    ]:
+        assert line in text, text
+    pooled = subprocess.run(
+        [sys.executable, "-m", "pytest", *PLUGIN, *args, "--junitxml", "pooled.xml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert pooled.returncode == 1, pooled.stdout
+    assert outcomes(tmp_path / "spmd.xml") == outcomes(tmp_path / "pooled.xml")
+
+
+@pytest.mark.slow
+def test_a_hang_ends_every_rank_with_its_stack(tmp_path: Path) -> None:
+    (tmp_path / "test_hang.py").write_text(HANG)
+    start = time.monotonic()
+    codes, text = torchrun_two_nodes(tmp_path, ["test_hang.py", "--dist-timeout", "5"], timeout_s=180)
+    elapsed = time.monotonic() - start
+    assert all(code != 0 for code in codes), text
+    assert "rank 1: test_hang.py::test_hang[ws4] (4 ranks) still running 5 s" in text, text
+    assert "in test_hang" in text, text  # the hung rank's own stack
+    assert elapsed < 5 + 5 + 90, f"took {elapsed:.0f} s"  # timeout, gather grace, start of 4 pytests

@@ -1,0 +1,93 @@
+"""pytest-xdist: disjoint GPU subsets per worker, and a CPU `-n 2` run that matches a plain one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pytest_collectives.options import OptionError
+from pytest_collectives.xdist_support import gpu_subset, visible_devices, worker
+
+PLUGIN = ["-p", "no:collectives", "-p", "pytest_collectives.hooks", "-p", "no:cacheprovider"]
+
+
+def test_worker_position() -> None:
+    assert worker({}) is None
+    assert worker({"PYTEST_XDIST_WORKER": "gw3", "PYTEST_XDIST_WORKER_COUNT": "4"}) == (3, 4)
+
+
+@pytest.mark.parametrize("gpus, workers", [(8, 2), (8, 3), (4, 4), (7, 2)])
+def test_gpu_subsets_are_disjoint_and_cover_every_gpu(gpus: int, workers: int) -> None:
+    subsets = [gpu_subset(i, workers, gpus) for i in range(workers)]
+    assert sorted(g for s in subsets for g in s) == list(range(gpus))
+    assert all(len(s) >= 1 for s in subsets)
+
+
+def test_gpu_subset_of_worker_one_of_two() -> None:
+    assert gpu_subset(1, 2, 8) == range(4, 8)
+    assert visible_devices(range(2, 4), "4,5,6,7") == "6,7"
+    assert visible_devices(range(4, 8), None) == "4,5,6,7"
+
+
+def test_fewer_gpus_than_workers_is_an_error() -> None:
+    with pytest.raises(OptionError, match="--gpus 2 with 4 xdist workers: .* use -n 2 or fewer"):
+        gpu_subset(0, 4, 2)
+
+
+INNER = """
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.world_size(2, 3, 4)
+@pytest.mark.parametrize("k", range(3))
+def test_sum(pg, k):
+    t = torch.full((4,), float(pg.rank + k))
+    dist.all_reduce(t)
+    n = pg.world_size
+    assert t.eq(n * (n - 1) / 2 + n * k).all()
+
+@pytest.mark.world_size(3)
+def test_rank_one_fails(pg):
+    assert pg.rank != 1
+
+@pytest.mark.world_size(2)
+def test_benchmarked(pg, benchmark):
+    benchmark(dist.barrier)
+"""
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    result = {}
+    for case in ET.parse(junit).iter("testcase"):
+        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        result[case.get("name")] = kinds[0] if kinds else "passed"
+    return result
+
+
+def run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "pytest", *PLUGIN, "test_inner.py", "-rs", *args]
+    return subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_two_workers_on_cpu_give_the_outcomes_of_a_plain_run(tmp_path: Path) -> None:
+    (tmp_path / "test_inner.py").write_text(INNER)
+    plain = run(tmp_path, "--junitxml", "plain.xml", "--benchmark-disable")
+    parallel = run(tmp_path, "-n", "2", "--junitxml", "xdist.xml", "--benchmark-disable")
+    assert plain.returncode == parallel.returncode == 1, plain.stdout + parallel.stdout
+    expected = outcomes(tmp_path / "plain.xml")
+    assert expected["test_rank_one_fails[ws3]"] == "failure" and len(expected) == 11
+    assert outcomes(tmp_path / "xdist.xml") == expected
+
+
+@pytest.mark.slow
+def test_benchmarks_refuse_to_run_under_xdist(tmp_path: Path) -> None:
+    (tmp_path / "test_inner.py").write_text(INNER)
+    result = run(tmp_path, "-n", "2", "-k", "benchmarked")
+    assert result.returncode == 0, result.stdout
+    assert "benchmark not run under pytest-xdist" in result.stdout
+    assert "it needs the whole node; run benchmarks without -n" in result.stdout
