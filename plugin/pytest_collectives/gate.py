@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .baselines import BaselineError, BenchmarkEntry, resolve_baseline, save_baseline
+from .baselines import BaselineError, BenchmarkEntry, load_baseline, resolve_baseline, save_baseline
 from .regression import DEFAULT_MIN_EFFECT, REGRESSION, Verdict, compare, format_table
 
 OPTIONS = (
@@ -70,6 +70,13 @@ class BaselineGate:
         if opt("baseline_overwrite") and not opt("baseline_save"):
             raise pytest.UsageError("--baseline-overwrite only makes sense with --baseline-save")
         self.root = config.rootpath / (config.getini("baseline_dir") or "baselines")
+        explicit = opt("baseline")
+        if explicit and (explicit.endswith(".json") or Path(explicit).exists()):
+            # A named file is checked before the benchmarks run, not after they took their minutes.
+            try:
+                load_baseline(explicit if not Path(explicit).is_dir() else Path(explicit) / "baseline.json")
+            except BaselineError as exc:
+                raise pytest.UsageError(f"--baseline {explicit}: {exc}") from None
         self.lines: list[str] = []
         self.rows: list[tuple[str, Verdict]] = []
         self.fingerprint = None  # detected at session end, once there are results
