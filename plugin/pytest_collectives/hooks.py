@@ -140,8 +140,9 @@ class DistributedSession:
             return
         sizes = world_sizes_of(marker.args, self.settings)
         if not all(isinstance(n, int) and n >= 1 for n in sizes):
-            raise pytest.UsageError(
-                f"{metafunc.definition.nodeid}: world_size takes whole numbers >= 1 or 'max', got {sizes}"
+            pytest.fail(
+                f"{metafunc.definition.nodeid}: world_size takes whole numbers >= 1 or 'max', got {sizes}",
+                pytrace=False,
             )
         gpus = self.settings.gpus
         params = [
