@@ -3,6 +3,12 @@
 A worker never decides its own fate: it reports each test's outcome and whether its group is still fit
 for reuse, and the controller kills and replaces groups. Stacks for hung ranks come out of band
 (faulthandler on SIGUSR1) because a rank stuck in a native wait cannot run Python to answer.
+
+``COLLECTIVES_FAULT`` is used only by the plugin's own tests (tests/test_fault_campaign.py): set to
+``rank:point:kind``, that rank does the fault at that point of its life. Points: ``init`` (before joining
+the group; set it in pytest's environment before the group starts), ``between`` (after a result is sent,
+before the next task) and ``teardown`` (when told to stop; set these two in the rank's own os.environ from
+a test body). Kinds: ``hang``, ``raise``, ``exit[=N]``, ``sigkill``, ``segfault``, ``memory``.
 """
 
 from __future__ import annotations
@@ -279,6 +285,51 @@ def run_task(task: Task, ctx: RankContext, spec: GroupSpec, capture: _Capture) -
     return RankResult(ctx.rank, outcome, longrepr, duration, dirty, rss, bench and bench.result())
 
 
+# --- test-only fault injection (COLLECTIVES_FAULT, see the module docstring) -------------------------
+
+FAULT_ENV = "COLLECTIVES_FAULT"
+
+
+def inject_fault(point: str, rank: int) -> None:
+    """Do the fault $COLLECTIVES_FAULT names if it names this rank and point; once (it is then unset)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    fault_rank, fault_point, kind = spec.split(":", 2)
+    if int(fault_rank) != rank or fault_point != point:
+        return
+    del os.environ[FAULT_ENV]
+    kind, _, arg = kind.partition("=")
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    elif kind == "raise":
+        raise RuntimeError(f"injected fault: rank {rank} raised at {point}")
+    elif kind == "exit":
+        os._exit(int(arg or 3))
+    elif kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "segfault":
+        ctypes.string_at(0)
+    elif kind == "memory":
+        import resource
+
+        # A cap just above what the process maps now: the MemoryError comes in milliseconds, and never
+        # from the machine running out of memory.
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        mapped = os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[0])
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + (256 << 20), hard))
+        try:
+            hog = []
+            while True:
+                hog.append(bytearray(32 << 20))
+        finally:
+            hog = []
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    else:
+        raise ValueError(f"{FAULT_ENV}={spec}: unknown fault kind {kind!r}")
+
+
 # --- the worker's life ----------------------------------------------------------------------------
 
 
@@ -319,6 +370,7 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     torch.set_num_threads(spec.threads_per_rank)
     _track_async_ops()
     ctx = RankContext(rank, spec.world_size, spec.backend, device, seed=0)
+    inject_fault("init", rank)
     _init_process_group(spec, rank, device)
     conn.send(("ready", rank))
     while True:
@@ -327,6 +379,8 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
         except (EOFError, OSError):
             break  # the controller is gone
         if task is None:
+            inject_fault("teardown", rank)
             break
         conn.send(("result", run_task(task, ctx, spec, capture)))
+        inject_fault("between", rank)
     os._exit(0)  # skip interpreter teardown: torch's atexit hooks can block on a broken group
