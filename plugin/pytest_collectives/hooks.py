@@ -249,6 +249,8 @@ class DistributedSession:
         if call.when != "call":
             return
         outcome = item.stash.get(_outcome_key, None)
+        if call.excinfo is not None and isinstance(call.excinfo.value, DistributedTestFailure):
+            outcome = call.excinfo.value.outcome  # also when the group failed to start, before any dispatch
         if outcome is not None and self.config.getoption("capture") != "no":
             for title, text in outcome.sections():
                 rep.sections.append((f"Captured {title}", text))

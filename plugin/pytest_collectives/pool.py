@@ -18,11 +18,20 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from .messages import FAILED, GroupSpec, RankResult, Task
-from .report import CRASHED, HUNG, DistributedTestFailure, GroupOutcome, RankReport, exit_reason
+from .report import (
+    CRASHED,
+    HUNG,
+    DistributedTestFailure,
+    GroupOutcome,
+    RankReport,
+    exit_reason,
+    likely_cause,
+)
 from .runner import STACK_SIGNAL, rank_files, worker_main
 
 FAILURE_GRACE_S = 2.0  # how long the other ranks get to finish after one fails before they count as hung
 STACK_WAIT_S = 2.0
+CRASH_TAIL_LINES = 30
 RECYCLE_RSS_GROWTH = 2 << 30  # a worker that grew this much since it started is replaced
 
 PRELOAD = ["__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.runner"]
@@ -66,6 +75,15 @@ class WorkerGroup:
             self.procs.append(proc)
             self.conns.append(parent_conn)
 
+    def alive(self) -> bool:
+        """Every rank still there. A rank that died between tests is seen by its pipe at EOF at once (a
+        readable pipe with no task in flight can only be EOF), before the forkserver reaps it."""
+        return (
+            bool(self.procs)
+            and all(p.is_alive() for p in self.procs)
+            and not any(c.poll() for c in self.conns)
+        )
+
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid is not None]
@@ -78,7 +96,10 @@ class WorkerGroup:
     def run(self, task: Task, timeout_s: float) -> tuple[GroupOutcome, list[RankResult]]:
         payload = pickle.dumps(task)
         for conn in self.conns:
-            conn.send_bytes(payload)
+            try:
+                conn.send_bytes(payload)
+            except OSError:
+                pass  # a rank that died just now: _collect reports it from its pipe and exit status
         self.tasks_run += 1
         results: list[RankResult] = []
         outcome = self._collect(timeout_s, results)
@@ -99,13 +120,13 @@ class WorkerGroup:
         none by then is hung, and one that failed starts a short grace period for the others."""
         n = self.spec.world_size
         reports: dict[int, RankReport] = {}
-        first_failed: int | None = None
+        failures: list[int] = []  # in the order they arrived
         failed_at = 0.0
         deadline = time.monotonic() + timeout_s
         by_conn = {conn: rank for rank, conn in enumerate(self.conns)}
         by_sentinel = {p.sentinel: rank for rank, p in enumerate(self.procs)}
         while len(reports) < n:
-            limit = deadline if first_failed is None else min(deadline, failed_at + FAILURE_GRACE_S)
+            limit = min(deadline, failed_at + FAILURE_GRACE_S) if failures else deadline
             waiting = [c for c, r in by_conn.items() if r not in reports]
             waiting += [s for s, r in by_sentinel.items() if r not in reports]
             ready = wait(waiting, timeout=max(0.0, limit - time.monotonic()))
@@ -119,14 +140,15 @@ class WorkerGroup:
                 if report is None:
                     continue
                 reports[rank] = report
-                if report.status in (FAILED, CRASHED) and first_failed is None:
-                    first_failed, failed_at = rank, time.monotonic()
+                if report.status in (FAILED, CRASHED):
+                    failed_at = failed_at if failures else time.monotonic()
+                    failures.append(rank)
         missing = [r for r in range(n) if r not in reports]
         if missing:
             stacks = self._dump_stacks(missing)
             for rank in missing:
                 reports[rank] = RankReport(rank, HUNG, stack=stacks.get(rank, "(no stack was written)"))
-        outcome = GroupOutcome([reports[r] for r in range(n)], first_failed, timeout_s)
+        outcome = GroupOutcome([reports[r] for r in range(n)], likely_cause(reports, failures), timeout_s)
         self._attach_output(outcome)
         if missing or any(r.status == CRASHED for r in outcome.ranks):
             outcome.replaced.append("a rank hung or crashed")
@@ -144,10 +166,10 @@ class WorkerGroup:
                 return RankReport(rank, payload.outcome, payload.longrepr, benchmark=payload.benchmark)
         except (EOFError, OSError):
             pass
+        # The pipe is at EOF or the process is gone: a crash, whether or not the forkserver has
+        # reported the exit status yet.
         proc = self.procs[rank]
         proc.join(timeout=1.0)
-        if proc.exitcode is None:
-            return None  # the pipe was readable for another reason; keep waiting
         return RankReport(rank, CRASHED, exit_reason(proc.exitcode))
 
     def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
@@ -173,6 +195,10 @@ class WorkerGroup:
             files = rank_files(self.spec.workdir, report.rank)
             report.stdout = _read(files["stdout"])
             report.stderr = _read(files["stderr"])
+            if report.status == CRASHED and report.stderr:
+                # what a dying process last said (a traceback, faulthandler's dump) belongs with its crash
+                tail = "\n".join(report.stderr.rstrip().splitlines()[-CRASH_TAIL_LINES:])
+                report.detail += f"\nits last words on stderr:\n{tail}"
 
     def kill(self) -> None:
         for proc in self.procs:
@@ -264,7 +290,7 @@ class GroupPool:
         """A warm group of ``world_size`` ranks; raises DistributedTestFailure if one can't be started."""
         key = (world_size, self.backend, tuple(range(world_size)) if self.gpus else ())
         group = self.groups.get(key)
-        if group is not None and group.procs and all(p.is_alive() for p in group.procs):
+        if group is not None and group.alive():
             return group
         if group is not None:
             group.kill()

@@ -99,6 +99,24 @@ def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
+# How a rank's error reads when it only lost a peer: a symptom of another rank's failure, not its cause.
+PEER_LOSS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+)
+
+
+def likely_cause(reports: dict[int, RankReport], failures: list[int]) -> int | None:
+    """The rank to blame among those that failed, given in arrival order: a crashed rank first, then
+    one whose error is its own rather than a lost peer, then simply the first to report."""
+    crashed = [r for r in failures if reports[r].status == CRASHED]
+    own = [r for r in failures if not any(s in reports[r].detail for s in PEER_LOSS)]
+    return (crashed or own or failures or [None])[0]
+
+
 def exit_reason(exitcode: int | None) -> str:
     import signal
 
