@@ -312,6 +312,11 @@ def _write_atomic(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise BaselineError(
+            f"{path}: cannot write the baseline ({e.strerror}); fix the path or its permissions"
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -331,6 +336,10 @@ def find_baseline(
     root: str | os.PathLike[str], fingerprint: Fingerprint, name: str = DEFAULT_NAME
 ) -> Path | None:
     path = baseline_path(root, fingerprint, name)
+    if path.exists() and not path.is_file():
+        raise BaselineError(
+            f"{path}: is a directory, not a baseline file; remove it and re-record the baseline"
+        )
     return path if path.is_file() else None
 
 

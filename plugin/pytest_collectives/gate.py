@@ -24,7 +24,7 @@ OPTIONS = (
                     "instead of the detected topology's"}),
     ("--fail-on-regression", {"action": "store_true", "help": "CI mode: fail the session when a benchmark "
                               "is slower than its baseline beyond noise and --regression-threshold"}),
-    ("--regression-threshold", {"metavar": "FRACTION", "type": float, "default": DEFAULT_MIN_EFFECT,
+    ("--regression-threshold", {"metavar": "FRACTION", "default": str(DEFAULT_MIN_EFFECT),
                                 "help": "the slowdown the gate must catch (default 0.10 = 10%%)"}),
 )  # fmt: skip
 
@@ -62,10 +62,14 @@ class BaselineGate:
         self.config = config
         self.backend, self.gpus = backend, gpus
         opt = config.getoption
-        self.min_effect = opt("regression_threshold")
+        text = str(opt("regression_threshold"))
+        try:
+            self.min_effect = float(text)
+        except ValueError:
+            self.min_effect = float("nan")
         if not 0 < self.min_effect < 1:
             raise pytest.UsageError(
-                f"--regression-threshold {self.min_effect}: expected a fraction between 0 and 1, e.g. 0.1"
+                f"--regression-threshold {text}: expected a fraction between 0 and 1, e.g. 0.1"
             )
         if opt("baseline_overwrite") and not opt("baseline_save"):
             raise pytest.UsageError("--baseline-overwrite only makes sense with --baseline-save")
