@@ -307,6 +307,7 @@ def save_baseline(
 def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would keep a shared baseline from the rest of the team
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -1,0 +1,87 @@
+"""Prints what the benchmark harness costs: send/recv bandwidth timed by the harness (barrier per round, max
+across ranks) against a bare torch.distributed loop in the same group, and shared-memory copy between
+ranks against a memcpy inside one process.
+
+    python tests/bench_overhead.py [--mib 16]
+
+Timings are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from pytest_collectives.messages import Task
+from pytest_collectives.pool import GroupPool
+
+RANK_SIDE = '''
+import os, statistics, time
+import torch, torch.distributed as dist
+from pytest_collectives.bench import measure
+
+def test_overhead(pg, mib):
+    n = mib << 18
+    buf = torch.ones(n)
+    me, peer = pg.rank, 1 - pg.rank
+
+    def send_recv():
+        dist.send(buf, peer) if me == 0 else dist.recv(buf, peer)
+
+    rounds = 30
+    harness = statistics.median(measure(send_recv, pg.device, rounds)[0])
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        send_recv()
+    dist.barrier()
+    bare = (time.perf_counter() - start) / rounds
+    path = f"/dev/shm/collectives-overhead-{os.getppid()}"
+    if me == 0:
+        torch.from_file(path, shared=True, size=n, dtype=torch.float32).fill_(1.0)
+    dist.barrier()
+    shared = torch.from_file(path, shared=True, size=n, dtype=torch.float32)
+    dst, private = torch.empty(n), torch.ones(n)
+    copy_shm = statistics.median(measure(lambda: dst.copy_(shared) if me == 1 else None, pg.device, rounds)[0])
+    memcpy = statistics.median(measure(lambda: dst.copy_(private) if me == 1 else None, pg.device, rounds)[0])
+    dist.barrier()
+    if me == 0:
+        os.unlink(path)
+        gb = (n * 4) / 1e9
+        print(f"send/recv {mib} MiB: harness {gb / harness:.2f} GB/s, bare loop {gb / bare:.2f} GB/s, "
+              f"harness/bare {bare / harness:.3f}")
+        print(f"copy {mib} MiB, 1 thread: shared memory between ranks {gb / copy_shm:.2f} GB/s, "
+              f"memcpy in one process {gb / memcpy:.2f} GB/s, ratio {memcpy / copy_shm:.3f}")
+'''
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=16)
+    args = parser.parse_args()
+    directory = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    (directory / "bench_overhead_rank.py").write_text(RANK_SIDE)
+    task = Task(
+        nodeid="bench_overhead_rank.py::test_overhead",
+        module="bench_overhead_rank",
+        path=str(directory / "bench_overhead_rank.py"),
+        qualname="test_overhead",
+        kwargs={"pg": None, "mib": args.mib},
+        seed=0,
+        sys_path=[str(directory), *sys.path],
+    )
+    pool = GroupPool("gloo", timeout_s=300)
+    try:
+        outcome = pool.run(task, 2)
+    finally:
+        pool.close()
+    print(outcome.ranks[0].stdout, end="")
+    if outcome.verdict() != "passed":
+        print(outcome.render())
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
