@@ -44,8 +44,10 @@ def test_overhead(pg, mib):
     dist.barrier()
     shared = torch.from_file(path, shared=True, size=n, dtype=torch.float32)
     dst, private = torch.empty(n), torch.ones(n)
-    copy_shm = statistics.median(measure(lambda: dst.copy_(shared) if me == 1 else None, pg.device, rounds)[0])
-    memcpy = statistics.median(measure(lambda: dst.copy_(private) if me == 1 else None, pg.device, rounds)[0])
+    def copy_from(src):
+        return statistics.median(measure(lambda: dst.copy_(src) if me == 1 else None, pg.device, rounds)[0])
+
+    copy_shm, memcpy = copy_from(shared), copy_from(private)
     dist.barrier()
     if me == 0:
         os.unlink(path)
