@@ -17,7 +17,7 @@ from pathlib import Path
 from pytest_collectives.messages import Task
 from pytest_collectives.pool import GroupPool
 
-RANK_SIDE = '''
+RANK_SIDE = """
 import os, statistics, time
 import torch, torch.distributed as dist
 from pytest_collectives.bench import measure
@@ -56,7 +56,7 @@ def test_overhead(pg, mib):
               f"harness/bare {bare / harness:.3f}")
         print(f"copy {mib} MiB, 1 thread: shared memory between ranks {gb / copy_shm:.2f} GB/s, "
               f"memcpy in one process {gb / memcpy:.2f} GB/s, ratio {memcpy / copy_shm:.3f}")
-'''
+"""
 
 
 def main() -> None:
