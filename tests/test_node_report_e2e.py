@@ -1,0 +1,70 @@
+"""--node-report end to end on CPU: a real session writes the folder, also when its tests fail."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from pytest_collectives.node_report import REPORT_SCHEMA, validate
+
+SUITE = """
+import pytest, torch, torch.distributed as dist
+
+@pytest.mark.world_size(3)
+@pytest.mark.parametrize("pair", [(s, d) for s in range(3) for d in range(3) if s != d], ids=str)
+def test_pair(pg, benchmark, pair):
+    src, dst = pair
+    buf = torch.ones(1 << 14)
+
+    def transfer():
+        if pg.rank == src:
+            dist.send(buf, dst)
+        elif pg.rank == dst:
+            dist.recv(buf, src)
+
+    benchmark.extra_info.update(src=src, dst=dst, matrix="pairs")
+    benchmark(transfer, nbytes=buf.numel() * 4, collective="p2p")
+
+@pytest.mark.world_size(2)
+def test_all_reduce(pg, benchmark):
+    t = torch.ones(1 << 12)
+    benchmark.extra_info["algorithm"] = "all_reduce"
+    benchmark(dist.all_reduce, t, nbytes=t.numel() * 4, collective="all_reduce")
+
+@pytest.mark.world_size(2)
+def test_broken(pg):
+    assert pg.rank == 0, "rank 1 is broken"
+"""
+
+
+def test_a_cpu_session_writes_a_valid_report_with_its_failures(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_node=textwrap.dedent(SUITE))
+    result = pytester.runpytest("--node-report", "report", "--benchmark-max-time", "0.02")
+    result.assert_outcomes(passed=7, failed=1)
+    result.stdout.fnmatch_lines(["node report: report/report.html"])
+    folder = pytester.path / "report"
+    report = json.loads((folder / "report.json").read_text())
+    validate(report, REPORT_SCHEMA)
+    assert report["verdict"] == "FAIL"  # the failing test fails the node
+    assert report["tests"]["failed"] == 1
+    assert "rank 1 is broken" in report["tests"]["failures"][0]["longrepr"]
+    p2p = report["p2p"]
+    assert p2p["devices"] == ["rank0", "rank1", "rank2"]
+    assert all(p2p["matrix"][i][j] > 0 for i in range(3) for j in range(3) if i != j)
+    assert {p2p["classes"][0][1], p2p["classes"][2][0]} == {"LOOPBACK"}
+    assert [c["name"] for c in report["collectives"]] == ["all_reduce n=2"]
+    for png in ("p2p_bandwidth.png", "busbw_vs_size.png"):
+        data = (folder / png).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+    html = (folder / "report.html").read_text()
+    assert "rank 1 is broken" in html and "<script" not in html
+
+
+def test_a_report_path_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    (pytester.path / "taken").write_text("not a folder")
+    result = pytester.runpytest("--node-report", "taken")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --node-report taken: is a file; name a folder to write into"])
