@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -273,8 +274,11 @@ def test_hypothesis_examples_run_on_every_rank_with_the_same_values(pytester: py
     )
     result = pytester.runpytest()
     result.assert_outcomes(passed=1, failed=1)
-    # "Falsifying example:" became "Failing test case:" in hypothesis 6.16x
-    result.stdout.fnmatch_lines(["*: test_shrinks(*", "*n=100,*", "*rank 1: FAILED*"])
+    # "Falsifying example:" became "Failing test case:" in hypothesis 6.16x. How far hypothesis shrinks on a
+    # busy machine is its business: the printed example must be a real counterexample, shown with its rank.
+    result.stdout.fnmatch_lines(["*: test_shrinks(*", "*n=*,*", "*rank 1: FAILED*"])
+    (shown,) = re.findall(r"^\s+n=(\d+),$", result.stdout.str(), flags=re.M)
+    assert int(shown) >= 100
 
 
 def test_subgroups_from_the_pg_fixture(pytester: pytest.Pytester) -> None:
