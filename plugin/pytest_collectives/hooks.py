@@ -111,6 +111,39 @@ def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[A
     return args or settings.world_sizes
 
 
+def parametrize_world_size(
+    metafunc: pytest.Metafunc, sizes: tuple[Any, ...], limit: int | None, too_big: str
+) -> None:
+    """Parametrize ``world_size`` over ``sizes`` (session scope, ids ws<n>); sizes above ``limit`` are kept
+    as skips with the reason ``too_big`` (formatted with n), so the report says what did not run."""
+    if not all(isinstance(n, int) and n >= 1 for n in sizes):
+        pytest.fail(
+            f"{metafunc.definition.nodeid}: world_size takes whole numbers >= 1 or 'max', got {sizes}",
+            pytrace=False,
+        )
+    params = [
+        pytest.param(
+            n, id=f"ws{n}", marks=pytest.mark.skip(reason=too_big.format(n=n)) if limit and n > limit else ()
+        )
+        for n in sizes
+    ]
+    if not params:
+        reason = f"no world size to run: no configured size of 2 or more ranks fits in {limit}"
+        params = [pytest.param(0, id="ws0", marks=pytest.mark.skip(reason=reason))]
+    if "world_size" not in metafunc.fixturenames:
+        metafunc.fixturenames.append("world_size")
+    metafunc.parametrize("world_size", params, scope="session")
+
+
+def skip_gpu_tests(items: list[pytest.Item], settings: options.Settings) -> None:
+    if settings.gpus:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA GPUs: run with --gpus N on a GPU machine")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip_gpu)
+
+
 def stable_seed(nodeid: str, kwargs: dict[str, Any]) -> int:
     """Same test and same example give the same seed, on every rank and in every rerun."""
     text = nodeid + repr(sorted((k, repr(v)) for k, v in kwargs.items() if k != "pg"))
@@ -138,34 +171,13 @@ class DistributedSession:
         marker = metafunc.definition.get_closest_marker("world_size")
         if marker is None:
             return
-        sizes = world_sizes_of(marker.args, self.settings)
-        if not all(isinstance(n, int) and n >= 1 for n in sizes):
-            pytest.fail(
-                f"{metafunc.definition.nodeid}: world_size takes whole numbers >= 1 or 'max', got {sizes}",
-                pytrace=False,
-            )
         gpus = self.settings.gpus
-        params = [
-            pytest.param(n, id=f"ws{n}", marks=pytest.mark.skip(reason=f"needs {n} GPUs; --gpus is {gpus}"))
-            if gpus and n > gpus
-            else pytest.param(n, id=f"ws{n}")
-            for n in sizes
-        ]
-        if not params:
-            reason = f"no world size to run: --gpus {gpus} leaves no configured size of 2 or more ranks"
-            params = [pytest.param(0, id="ws0", marks=pytest.mark.skip(reason=reason))]
-        if "world_size" not in metafunc.fixturenames:
-            metafunc.fixturenames.append("world_size")
-        metafunc.parametrize("world_size", params, scope="session")
+        sizes = world_sizes_of(marker.args, self.settings)
+        parametrize_world_size(metafunc, sizes, gpus or None, f"needs {{n}} GPUs; --gpus is {gpus}")
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        skip_gpu = pytest.mark.skip(reason="needs CUDA GPUs: run with --gpus N on a GPU machine")
-        distributed = False
-        for item in items:
-            if item.get_closest_marker("gpu") and not self.settings.gpus:
-                item.add_marker(skip_gpu)
-            distributed = distributed or item.get_closest_marker("world_size") is not None
-        if distributed:
+        skip_gpu_tests(items, self.settings)
+        if any(item.get_closest_marker("world_size") for item in items):
             from .pool import warm_up
 
             warm_up(self.pool.ctx)

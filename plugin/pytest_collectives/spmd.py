@@ -28,7 +28,15 @@ import pytest
 
 from . import options
 from .bench import BenchSpec, record
-from .hooks import DistributedSession, OnRanks, _outcome_key, stable_seed, world_sizes_of
+from .hooks import (
+    DistributedSession,
+    OnRanks,
+    _outcome_key,
+    parametrize_world_size,
+    skip_gpu_tests,
+    stable_seed,
+    world_sizes_of,
+)
 from .messages import FAILED, PASSED, SKIPPED
 from .report import DistributedTestFailure, GroupOutcome, RankReport
 
@@ -371,21 +379,10 @@ class SpmdSession:
             return
         world = self.env.world_size
         sizes = (world,) if marker.args == ("max",) else world_sizes_of(marker.args, self.settings)
-        if not all(isinstance(n, int) and n >= 1 for n in sizes):
-            raise pytest.UsageError(
-                f"{metafunc.definition.nodeid}: world_size takes whole numbers >= 1 or 'max', got {sizes}"
-            )
-        too_big = pytest.mark.skip(reason=f"the SPMD world has {world} ranks")
-        params = [pytest.param(n, id=f"ws{n}", marks=too_big if n > world else ()) for n in sizes]
-        if "world_size" not in metafunc.fixturenames:
-            metafunc.fixturenames.append("world_size")
-        metafunc.parametrize("world_size", params, scope="session")
+        parametrize_world_size(metafunc, sizes, world, f"the SPMD world has {world} ranks")
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        skip_gpu = pytest.mark.skip(reason="needs CUDA GPUs: run with --gpus N on a GPU machine")
-        for item in items:
-            if item.get_closest_marker("gpu") and not self.settings.gpus:
-                item.add_marker(skip_gpu)
+        skip_gpu_tests(items, self.settings)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._start()
