@@ -38,12 +38,6 @@ def test_bench(benchmark):
     benchmark(sum, range(100))
 """
 
-# A defect is an xfail(strict=True) case: it flips to XPASS, and fails, once the plugin is fixed.
-FOUND_AT_SESSION_END = (
-    "only a --baseline that names a file is checked up front; a baseline found in the baseline directory, "
-    "or named by topology id, is read in pytest_sessionfinish, after every benchmark ran"
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -55,7 +49,6 @@ class Case:
     ini: str = ""
     baseline: str = ""  # a bad baseline file: '<where>:<what>', where is 'dir' (found) or 'arg' (--baseline)
     gpus_present: int | None = None
-    xfail: str = ""
 
 
 def usage(id: str, *args: str, message: str, **kw: object) -> Case:
@@ -71,9 +64,9 @@ def named(id: str, what: str, message: str) -> Case:
     return Case(id, (), "--baseline {path}: " + message, USAGE, baseline=f"arg:{what}")
 
 
-def found(id: str, what: str, message: str, *args: str, xfail: str = "") -> Case:
-    """A bad file where the gate looks for this topology's baseline: a gate error at session end."""
-    return Case(id, args, message, BASELINE, baseline=f"dir:{what}", xfail=xfail)
+def found(id: str, what: str, message: str, *args: str) -> Case:
+    """A bad file where the gate looks for this topology's baseline: a gate error before the tests run."""
+    return Case(id, args, message, BASELINE, baseline=f"dir:{what}")
 
 
 THRESHOLD = "--regression-threshold"
@@ -213,10 +206,7 @@ def run_case(
     return result, case.message.format(path=path)
 
 
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=c.xfail)] * bool(c.xfail))
-             for c in CASES],
-)  # fmt: skip
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_bad_input_is_one_line_naming_the_input_and_the_fix(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, case: Case
 ) -> None:
@@ -239,17 +229,10 @@ def test_bad_input_is_one_line_naming_the_input_and_the_fix(
         result.stdout.fnmatch_lines([f"baseline error: {message}"])
 
 
-LATE = pytest.mark.xfail(strict=True, reason=FOUND_AT_SESSION_END)
-
-
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(c, id=c.id, marks=[LATE] * (c.exit != USAGE))
-        for c in CASES
-        if c.id in ("named-truncated", "named-unknown-id", "found-old-schema")
-    ],
-)  # fmt: skip
+    [pytest.param(c, id=c.id) for c in CASES if c.baseline],
+)
 def test_bad_baseline_is_reported_before_the_benchmarks_run(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, case: Case
 ) -> None:

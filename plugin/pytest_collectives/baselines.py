@@ -271,6 +271,16 @@ def _git_commit(directory: Path) -> str | None:
     return commit if done.returncode == 0 and _COMMIT.fullmatch(commit) else None
 
 
+def check_saveable(
+    directory: str | os.PathLike[str], fingerprint: Fingerprint, overwrite: bool, name: str = DEFAULT_NAME
+) -> Path:
+    """Where save_baseline would write; raises if it would have to replace a baseline not asked to."""
+    path = baseline_path(directory, fingerprint, name)
+    if find_baseline(directory, fingerprint, name) is not None and not overwrite:
+        raise BaselineError(f"{path}: a baseline already exists; pass {OVERWRITE_FLAG} to replace it")
+    return path
+
+
 def save_baseline(
     directory: str | os.PathLike[str],
     fingerprint: Fingerprint,
@@ -283,9 +293,7 @@ def save_baseline(
     The document is validated with the loader's own rules before anything is written, so a saved baseline
     always loads; the file appears complete or not at all (temp file, fsync, rename).
     """
-    path = baseline_path(directory, fingerprint, name)
-    if path.exists() and not overwrite:
-        raise BaselineError(f"{path}: a baseline already exists; pass {OVERWRITE_FLAG} to replace it")
+    path = check_saveable(directory, fingerprint, overwrite, name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

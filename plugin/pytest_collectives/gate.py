@@ -13,8 +13,17 @@ from typing import Any
 
 import pytest
 
-from .baselines import BaselineError, BenchmarkEntry, load_baseline, resolve_baseline, save_baseline
+from .baselines import (
+    BaselineError,
+    BenchmarkEntry,
+    ResolvedBaseline,
+    check_saveable,
+    load_baseline,
+    resolve_baseline,
+    save_baseline,
+)
 from .regression import DEFAULT_MIN_EFFECT, REGRESSION, Verdict, compare, format_table
+from .topology import Fingerprint, detect, topology_id
 
 OPTIONS = (
     ("--baseline-save", {"action": "store_true", "help": "save this run's benchmarks as the baseline of "
@@ -58,9 +67,12 @@ def compare_all(
 
 
 class BaselineGate:
-    def __init__(self, config: pytest.Config, backend: str, gpus: int) -> None:
+    def __init__(self, config: pytest.Config, backend: str, gpus: int, check_early: bool = True) -> None:
+        """check_early: read the baseline before the tests run. Not in SPMD mode, where rank 0 alone gates
+        and the other ranks would wait in lockstep for a rank 0 that stopped; there it is read at the end."""
         self.config = config
         self.backend, self.gpus = backend, gpus
+        self.check_early = check_early
         opt = config.getoption
         text = str(opt("regression_threshold"))
         try:
@@ -83,39 +95,70 @@ class BaselineGate:
                 raise pytest.UsageError(f"--baseline {explicit}: {exc}") from None
         self.lines: list[str] = []
         self.rows: list[tuple[str, Verdict]] = []
-        self.fingerprint = None  # detected at session end, once there are results
-        self.baseline_path: Path | None = None
+        self.fingerprint: Fingerprint | None = None
+        self.resolved: ResolvedBaseline | None = None
+        self.error: str | None = None
+        self.baseline_path: Path | None = None  # the baseline this run was compared with
+
+    def _resolve(self) -> None:
+        """Detect the topology, find its baseline (to save: check where it goes); raises BaselineError."""
+        opt = self.config.getoption
+        self.fingerprint = detect(self.backend, self.gpus)
+        if opt("baseline_save"):
+            check_saveable(self.root, self.fingerprint, opt("baseline_overwrite"))
+        else:
+            self.resolved = resolve_baseline(self.root, self.fingerprint, opt("baseline"))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # A bad baseline is found before minutes of benchmarks run, not after them.
+        opt = self.config.getoption
+        if (
+            not self.check_early
+            or opt("benchmark_skip", False)
+            or opt("benchmark_disable", False)
+            or not any("benchmark" in getattr(item, "fixturenames", ()) for item in session.items)
+        ):
+            return
+        try:
+            self._resolve()
+        except BaselineError as exc:
+            self.error = f"baseline error: {exc}"
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        return True if self.error else None  # True: the tests do not run
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         results = collect_results(self.config)
-        if not results:
-            return
-        try:
-            self._gate(session, results)
-        except BaselineError as exc:
-            self.lines.append(f"baseline error: {exc}")
+        if not self.error and results:
+            try:
+                self._gate(session, results)
+            except BaselineError as exc:
+                self.error = f"baseline error: {exc}"
+        if self.error:
+            self.lines.append(self.error)
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _gate(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
-        from .topology import detect, topology_id
-
-        self.fingerprint = fingerprint = detect(self.backend, self.gpus)
-        current = topology_id(fingerprint)
+        if self.fingerprint is None:
+            self._resolve()
+        assert self.fingerprint is not None
+        current = topology_id(self.fingerprint)
         opt = self.config.getoption
         if opt("baseline_save"):
-            path = save_baseline(self.root, fingerprint, results, overwrite=opt("baseline_overwrite"))
+            path = save_baseline(self.root, self.fingerprint, results, overwrite=opt("baseline_overwrite"))
             self.lines.append(f"saved {len(results)} benchmark(s) as the baseline of {current}: {path}")
             return
-        resolved = resolve_baseline(self.root, fingerprint, opt("baseline"))
-        if resolved is None:
+        if self.resolved is None:
             self.lines.append(
                 f"no baseline for this topology ({current}) under {self.root}: nothing to compare; "
                 "record one with --baseline-save"
             )
             return
-        base = resolved.baseline
+        base = self.resolved.baseline
         self.baseline_path = base.path
-        if resolved.foreign:
+        if self.resolved.foreign:
             self.lines.append(f"comparing with a baseline of another topology ({base.topology_id}), as asked")
         self.rows, missing = compare_all(base.benchmarks, results, self.min_effect)
         self.lines.append(f"compared with {base.path} (recorded {base.created}, commit {base.commit or '?'})")
