@@ -65,6 +65,8 @@ class WorkerGroup:
         self.conns: list[Connection] = []
         self.start_rss: list[int] = []
         self.tasks_run = 0
+        self.started: set[int] = set()  # the ranks that received the task in flight
+        self.lost: list[RankReport] = []  # crashed before receiving it: they died after the test before
         for rank in range(spec.world_size):
             parent_conn, child_conn = ctx.Pipe()
             proc = ctx.Process(
@@ -75,14 +77,14 @@ class WorkerGroup:
             self.procs.append(proc)
             self.conns.append(parent_conn)
 
-    def alive(self) -> bool:
-        """Every rank still there. A rank that died between tests is seen by its pipe at EOF at once (a
+    def dead(self) -> list[RankReport]:
+        """The ranks that died since their last answer. Such a rank is seen by its pipe at EOF at once (a
         readable pipe with no task in flight can only be EOF), before the forkserver reaps it."""
-        return (
-            bool(self.procs)
-            and all(p.is_alive() for p in self.procs)
-            and not any(c.poll() for c in self.conns)
-        )
+        return [
+            self._crashed(rank)
+            for rank, (proc, conn) in enumerate(zip(self.procs, self.conns, strict=True))
+            if not proc.is_alive() or conn.poll()
+        ]
 
     @property
     def pids(self) -> list[int]:
@@ -95,6 +97,7 @@ class WorkerGroup:
 
     def run(self, task: Task, timeout_s: float) -> tuple[GroupOutcome, list[RankResult]]:
         payload = pickle.dumps(task)
+        self.started, self.lost = set(), []
         for conn in self.conns:
             try:
                 conn.send_bytes(payload)
@@ -125,7 +128,7 @@ class WorkerGroup:
         deadline = time.monotonic() + timeout_s
         by_conn = {conn: rank for rank, conn in enumerate(self.conns)}
         by_sentinel = {p.sentinel: rank for rank, p in enumerate(self.procs)}
-        while len(reports) < n:
+        while len(reports) < n and not self.lost:
             limit = min(deadline, failed_at + FAILURE_GRACE_S) if failures else deadline
             waiting = [c for c, r in by_conn.items() if r not in reports]
             waiting += [s for s, r in by_sentinel.items() if r not in reports]
@@ -140,12 +143,14 @@ class WorkerGroup:
                 if report is None:
                     continue
                 reports[rank] = report
-                if report.status in (FAILED, CRASHED):
+                if results is not None and report.status == CRASHED and rank not in self.started:
+                    self.lost.append(report)  # the test is to be run again: no need to wait for it
+                elif report.status in (FAILED, CRASHED):
                     failed_at = failed_at if failures else time.monotonic()
                     failures.append(rank)
         missing = [r for r in range(n) if r not in reports]
         if missing:
-            stacks = self._dump_stacks(missing)
+            stacks = {} if self.lost else self._dump_stacks(missing)
             for rank in missing:
                 reports[rank] = RankReport(rank, HUNG, stack=stacks.get(rank, "(no stack was written)"))
         outcome = GroupOutcome([reports[r] for r in range(n)], likely_cause(reports, failures), timeout_s)
@@ -160,6 +165,9 @@ class WorkerGroup:
         try:
             if conn.poll():
                 kind, payload = conn.recv()
+                if kind == "started":
+                    self.started.add(rank)
+                    return None
                 if kind == "ready":
                     return RankReport(rank, "passed")
                 results.append(payload)  # type: ignore[union-attr]
@@ -168,6 +176,9 @@ class WorkerGroup:
             pass
         # The pipe is at EOF or the process is gone: a crash, whether or not the forkserver has
         # reported the exit status yet.
+        return self._crashed(rank)
+
+    def _crashed(self, rank: int) -> RankReport:
         proc = self.procs[rank]
         proc.join(timeout=1.0)
         return RankReport(rank, CRASHED, exit_reason(proc.exitcode))
@@ -286,13 +297,17 @@ class GroupPool:
             env=dict(os.environ),
         )
 
-    def group(self, world_size: int) -> WorkerGroup:
-        """A warm group of ``world_size`` ranks; raises DistributedTestFailure if one can't be started."""
+    def group(self, world_size: int, lost: list[RankReport] | None = None) -> WorkerGroup:
+        """A warm group of ``world_size`` ranks; raises DistributedTestFailure if one can't be started.
+        The ranks of a warm group that died since its last test are added to ``lost``."""
         key = (world_size, self.backend, tuple(range(world_size)) if self.gpus else ())
         group = self.groups.get(key)
-        if group is not None and group.alive():
-            return group
         if group is not None:
+            dead = group.dead()
+            if group.procs and not dead:  # a group killed after a test has no processes left
+                return group
+            if lost is not None:
+                lost.extend(dead)
             group.kill()
         group = WorkerGroup(self.spec_for(world_size), self.ctx)
         self.started += 1
@@ -304,8 +319,20 @@ class GroupPool:
         return group
 
     def run(self, task: Task, world_size: int) -> GroupOutcome:
-        group = self.group(world_size)
+        lost: list[RankReport] = []
+        group = self.group(world_size, lost)
         outcome, results = group.run(task, self.timeout_s)
+        if group.lost:
+            # The rank died after its previous test, just past the liveness check: this test never reached
+            # it, so it is not this test's failure. Run it once more, whole, on a fresh group.
+            lost += group.lost
+            group = self.group(world_size)
+            outcome, results = group.run(task, self.timeout_s)
+        outcome.replaced.extend(
+            f"rank {r.rank} died after the previous test ({r.detail.splitlines()[0]}); "
+            "this test ran on a fresh group"
+            for r in lost
+        )
         if len(results) == world_size:
             reasons = group.fit_for_reuse(results)
             if reasons:

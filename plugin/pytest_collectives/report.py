@@ -129,7 +129,7 @@ def exit_reason(exitcode: int | None) -> str:
             name = f"signal {-exitcode}"
         hint = " (by the OOM killer or another process)" if name == "SIGKILL" else ""
         return f"killed by {name}{hint}"
-    return f"exited with status {exitcode} in the middle of a test"
+    return f"exited with status {exitcode}"
 
 
 class DistributedTestFailure(Exception):
