@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytest_collectives import node_report
+from pytest_collectives.baselines import BenchmarkEntry
 from pytest_collectives.node_report import (
     DATA_SCHEMA,
     REPORT_SCHEMA,
@@ -14,6 +15,7 @@ from pytest_collectives.node_report import (
     validate,
     write_report,
 )
+from pytest_collectives.session_report import p2p_matrix
 from pytest_collectives.topology import Fingerprint, GpuInfo, parse_topo_matrix, topology_id
 
 # matplotlib is in the `test` extra; the plots are what most of this file checks.
@@ -324,3 +326,32 @@ def test_png_plots_draw_directly():
     assert png[:8] == PNG_MAGIC
     assert node_report.busbw_plot(data["collectives"])[:8] == PNG_MAGIC
     assert node_report.baseline_plot(data["baseline"]["rows"], 1.05)[:8] == PNG_MAGIC
+
+
+def _pair(src: int, dst: int, gbps: float, nodes: tuple[int, ...]) -> BenchmarkEntry:
+    info = {"matrix": "pairs", "src": src, "dst": dst, "nbytes": 1 << 20, "algbw_GBps": gbps,
+            "devices": "cuda", "src_node": nodes[src], "dst_node": nodes[dst]}  # fmt: skip
+    return BenchmarkEntry.from_samples([1e-3] * 3, info)
+
+
+@pytest.mark.parametrize("nodes", [(0, 0, 0, 0), (0, 0, 1, 1)], ids=["one-node", "two-nodes"])
+def test_p2p_matrix_labels_pairs_by_node(nodes):
+    pairs = [(s, d) for s in range(4) for d in range(4) if s != d]
+    results = {f"p{s}{d}": _pair(s, d, 10.0 * (s + 1) + d, nodes) for s, d in pairs}
+    seen = []
+
+    def link(i: int, j: int) -> str:
+        seen.append((i, j))
+        return "NV4"
+
+    p2p = p2p_matrix(results, link)
+    assert p2p["matrix"][2][1] == 31.0 and p2p["matrix"][1][2] == 22.0
+    if nodes == (0, 0, 0, 0):
+        assert p2p["devices"] == ["GPU0", "GPU1", "GPU2", "GPU3"]
+        assert {c for row in p2p["classes"] for c in row} == {"X", "NV4"}
+    else:
+        # node1's GPUs are its local GPU0 and GPU1: the intra-node class is looked up by local index
+        assert p2p["devices"] == ["node0:GPU0", "node0:GPU1", "node1:GPU0", "node1:GPU1"]
+        assert p2p["classes"][0] == ["X", "NV4", "NET", "NET"]
+        assert p2p["classes"][3] == ["NET", "NET", "NV4", "X"]
+        assert set(seen) == {(0, 1), (1, 0)}

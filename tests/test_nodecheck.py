@@ -336,3 +336,18 @@ def test_cpu_ranks_over_loopback_are_judged_by_consistency_alone():
     flagged = [(c.name, c.status) for c in checks if c.status != "PASS"]
     assert flagged == [("link GPU1<->GPU2", "FAIL")]
     assert "loopback" in nodecheck.link_meaning(nodecheck.LOOPBACK_LINK)
+
+
+def test_pairs_across_nodes_are_judged_among_themselves_as_network_links():
+    # Two nodes of two GPUs: NVLink inside a node, a 10x slower network between them.
+    node = [0, 0, 1, 1]
+    link = [["NV4" if node[i] == node[j] else "NET" for j in range(4)] for i in range(4)]
+    classes = [["X" if i == j else link[i][j] for j in range(4)] for i in range(4)]
+    matrix = [[0.0 if i == j else 90.0 if node[i] == node[j] else 9.0 + 0.1 * (i + j) for j in range(4)]
+              for i in range(4)]  # fmt: skip
+    assert all(c.status == "PASS" for c in judge_node(matrix, classes, bidirectional=False))
+    matrix[1][2] = matrix[2][1] = 2.0  # one node pair's NIC port trained at a quarter of its speed
+    bad = [c for c in judge_node(matrix, classes, bidirectional=False) if c.status != "PASS"]
+    assert [(c.name, c.status) for c in bad] == [("link GPU1<->GPU2", "FAIL")]
+    assert "check the NICs of both nodes" in bad[0].reason, bad[0].reason
+    assert "between two nodes" in nodecheck.link_meaning(nodecheck.NETWORK_LINK)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -101,10 +102,9 @@ def test_tasks_per_node() -> None:
         tasks_per_node("four")
 
 
-def test_node_of_labels_links() -> None:
+def test_node_of_places_ranks_in_per_node_blocks() -> None:
     env = detect(TORCHRUN)
     assert [env.node_of(r) for r in range(4)] == [0, 0, 1, 1]
-    assert env.link(0, 1) == "intra-node" and env.link(1, 2) == "inter-node"
 
 
 def test_world_sizes_reach_the_whole_world() -> None:
@@ -187,9 +187,10 @@ def test_sizes(pg, n):
 
 @pytest.mark.world_size(4)
 def test_nodes(pg):
-    if hasattr(pg, "link"):  # SPMD only
-        assert [pg.node_of(r) for r in range(4)] == [0, 0, 1, 1]
-        assert pg.link(1, 2) == "inter-node"
+    spmd = "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ
+    assert [pg.node_of(r) for r in range(4)] == ([0, 0, 1, 1] if spmd else [0, 0, 0, 0])
+    assert pg.link(0, 1) == "intra-node"
+    assert pg.link(1, 2) == ("inter-node" if spmd else "intra-node")
 """
 
 HANG = """
@@ -211,14 +212,44 @@ def free_port() -> int:
 def torchrun_two_nodes(tmp: Path, args: list[str], timeout_s: float) -> tuple[list[int], str]:
     """Two torchrun agents of 2 ranks each, as two nodes would run them; their exit codes and output."""
     port = free_port()
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
-    procs, logs = [], []
+    launches = []
     for node in (0, 1):
-        log = open(tmp / f"node{node}.log", "w+")  # noqa: SIM115 - closed below
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
         cmd += ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-        cmd += ["-m", "pytest", *PLUGIN, *args]
-        procs.append(subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+        launches.append((cmd + ["-m", "pytest", *PLUGIN, *args], {}))
+    return run_all(tmp, launches, timeout_s)
+
+
+def srun_two_nodes(tmp: Path, args: list[str], timeout_s: float) -> tuple[list[int], str]:
+    """The four pytest processes `srun -N 2 --ntasks-per-node 2 pytest ...` starts, with srun's variables;
+    the master is the first host of the job's node list, as on a cluster."""
+    job = {"SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "4242",
+           "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(free_port())}  # fmt: skip
+    launches = []
+    for rank in range(4):
+        env = {
+            **job,
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank % 2),
+            "SLURM_NODEID": str(rank // 2),
+        }
+        launches.append(([sys.executable, "-m", "pytest", *PLUGIN, *args], env))
+    return run_all(tmp, launches, timeout_s)
+
+
+Launch = tuple[list[str], dict[str, str]]
+
+
+def run_all(
+    tmp: Path, launches: list[tuple[list[str], dict[str, str]]], timeout_s: float
+) -> tuple[list[int], str]:
+    """Start every command at once (each in its own session, killed whole if it overruns); their exit codes
+    and output, in launch order."""
+    base = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+    procs, logs = [], []
+    for i, (cmd, env) in enumerate(launches):
+        log = open(tmp / f"launch{i}.log", "w+")  # noqa: SIM115 - closed below
+        procs.append(subprocess.Popen(cmd, cwd=tmp, env={**base, **env}, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True))  # fmt: skip
         logs.append(log)
     try:
@@ -245,10 +276,12 @@ def outcomes(junit: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_two_nodes_under_torchrun_match_a_pooled_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
+def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str) -> None:
     (tmp_path / "test_inner.py").write_text(INNER)
     args = ["test_inner.py", "--rootdir", str(tmp_path), "--dist-timeout", "60"]
-    codes, text = torchrun_two_nodes(tmp_path, [*args, "--junitxml", "spmd.xml"], timeout_s=240)
+    launch = torchrun_two_nodes if launcher == "torchrun" else srun_two_nodes
+    codes, text = launch(tmp_path, [*args, "--junitxml", "spmd.xml"], timeout_s=240)
     assert all(code != 0 for code in codes), text  # a test failed: every node reports failure
     assert text.count("test session starts") == 1, text  # only rank 0 prints
     for line in [
@@ -256,7 +289,7 @@ def test_two_nodes_under_torchrun_match_a_pooled_run(tmp_path: Path) -> None:
         "rank 2: FAILED (first to fail)",
         "AssertionError: rank two disagrees",
         "hello from rank 3",
-        "collectives: SPMD mode (torchrun), 4 ranks on 2 node(s)",
+        f"collectives: SPMD mode ({launcher}), 4 ranks on 2 node(s)",
         "1 failed, 5 passed",
     ]:
         assert line in text, text
@@ -281,3 +314,22 @@ def test_a_hang_ends_every_rank_with_its_stack(tmp_path: Path) -> None:
     assert "rank 1: test_hang.py::test_hang[ws4] (4 ranks) still running 5 s" in text, text
     assert "in test_hang" in text, text  # the hung rank's own stack
     assert elapsed < 5 + 5 + 90, f"took {elapsed:.0f} s"  # timeout, gather grace, start of 4 pytests
+
+
+@pytest.mark.slow
+def test_two_nodes_label_the_pairs_of_the_matrix_inter_and_intra_node(tmp_path: Path) -> None:
+    suite = Path(__file__).parents[1] / "suites" / "perf" / "test_p2p.py"
+    args = [f"{suite}::test_pair_bandwidth", "--min-bytes", "4K", "--max-bytes", "4K"]
+    args += ["--benchmark-min-rounds", "3", "--benchmark-max-time", "0.01"]
+    args += ["--benchmark-json", "bench.json", "--node-report", "report"]
+    codes, text = torchrun_two_nodes(tmp_path, args, timeout_s=240)
+    assert codes == [0, 0], text
+    labels = {
+        (b["extra_info"]["src"], b["extra_info"]["dst"]): b["extra_info"]["link"]
+        for b in json.loads((tmp_path / "bench.json").read_text())["benchmarks"]
+    }
+    assert len(labels) == 12, labels
+    assert labels == {pair: "intra-node" if pair[0] // 2 == pair[1] // 2 else "inter-node" for pair in labels}
+    p2p = json.loads((tmp_path / "report" / "report.json").read_text())["p2p"]
+    assert p2p["devices"] == ["node0:rank0", "node0:rank1", "node1:rank0", "node1:rank1"]
+    assert p2p["classes"][1] == ["LOOPBACK", "X", "NET", "NET"]

@@ -6,12 +6,13 @@
       "topology_id": "gpu-8x-rtx-3090-nv4-sys-1a2b3c4d",
       "fingerprint": {...},                      # topology.Fingerprint.to_json()
       "created": "2024-06-01T12:00:00+00:00",    # ISO 8601
-      "p2p": null | {                            # null on a CPU run or when P2P was not measured
+      "p2p": null | {                            # null when the all-pairs matrix was not measured
         "unit": "GB/s",
         "bidirectional": true,
         "devices": ["GPU0", ...],                # n labels
         "matrix": [[838.2, 101.8, ...], ...],    # n x n GB/s; the diagonal (local copies) may be null
-        "classes": [["X", "NV4", ...], ...],     # n x n link classes of nvidia-smi topo -m
+        "classes": [["X", "NV4", ...], ...],     # n x n link classes of nvidia-smi topo -m, LOOPBACK
+                                                 # between CPU ranks, NET between nodes
         "baseline": null | {"bidirectional": true, "GBps": {"NV4": 101.7}}   # optional, see nodecheck
       },
       "collectives": [{"name": "all_reduce", "bytes": 1048576, "busbw_GBps": 1.2, "algbw_GBps": 0.6}],

@@ -62,6 +62,7 @@ EXPECTED_GBPS: dict[str, dict[str, float]] = {
 
 # The `nvidia-smi topo -m` legend, word for word after "Connection traversing", and what it means for a copy.
 LOOPBACK_LINK = "LOOPBACK"  # CPU ranks of one host: every pair is alike, there is no floor to hold them to
+NETWORK_LINK = "NET"  # ranks on two nodes: the network's speed is the cluster's, not a GPU's, so no floor
 LINK_LEGEND: dict[str, str] = {
     "NV#": "a bonded set of # NVLinks",
     "PIX": "at most a single PCIe bridge",
@@ -115,6 +116,8 @@ def link_meaning(link: str) -> str:
     """The legend's words for a link class, then what they mean for a copy."""
     if link == LOOPBACK_LINK:
         return "loopback sockets between processes of one host (CPU ranks, no GPU link)"
+    if link == NETWORK_LINK:
+        return "the network between two nodes (inter-node: NICs, cables and switches)"
     nv = _NV_LINK.fullmatch(link)
     key = "NV#" if nv else link
     if key not in LINK_LEGEND:
@@ -227,11 +230,13 @@ def _link(i: int, j: int, value: Any) -> str:
         return "X"
     token = normalize_link(value) if isinstance(value, str) else value
     if not isinstance(token, str) or not (
-        token in _PCIE_ORDER or token in (UNKNOWN_LINK, LOOPBACK_LINK) or _NV_LINK.fullmatch(token)
+        token in _PCIE_ORDER
+        or token in (UNKNOWN_LINK, LOOPBACK_LINK, NETWORK_LINK)
+        or _NV_LINK.fullmatch(token)
     ):
         raise NodeCheckError(
-            f"classes[{i}][{j}] must be a link class of nvidia-smi topo -m (NV#, PIX, PXB, PHB, NODE, SYS) "
-            f"or {UNKNOWN_LINK!r}, got {value!r}"
+            f"classes[{i}][{j}] must be a link class of nvidia-smi topo -m (NV#, PIX, PXB, PHB, NODE, SYS), "
+            f"{NETWORK_LINK!r} between nodes or {UNKNOWN_LINK!r}, got {value!r}"
         )
     return token
 
@@ -250,6 +255,11 @@ def _advice(link: str) -> str:
         return (
             "check `nvidia-smi nvlink --status` for NVLinks that are down or slow and reseat or replace the "
             "NVLink bridge"
+        )
+    if link == NETWORK_LINK:
+        return (
+            "check the NICs of both nodes (`ibstat`, or `ethtool` for Ethernet) for a port below its rated "
+            "speed, and the cable and switch port between them"
         )
     return (
         "check `nvidia-smi -q -d PCI` (or LnkSta against LnkCap in `lspci -vv`) for a link trained below "

@@ -80,6 +80,14 @@ class RankContext:
     def __repr__(self) -> str:
         return f"<pg rank {self.rank} of {self.world_size}, {self.backend} on {self.device}>"
 
+    def node_of(self, rank: int) -> int:
+        """The node that ``rank`` runs on: a pooled group is on this one (SPMD mode spans several)."""
+        return 0
+
+    def link(self, a: int, b: int) -> str:
+        """How ranks a and b are connected, to label P2P results: "intra-node" or "inter-node"."""
+        return "intra-node" if self.node_of(a) == self.node_of(b) else "inter-node"
+
     def generator(self, rank: int | None = None) -> torch.Generator:
         """A CPU generator seeded from this test's seed and ``rank``: any rank can rebuild another's data."""
         return torch.Generator().manual_seed(self.seed * 1009 + (self.rank if rank is None else rank))
@@ -381,6 +389,7 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
         if task is None:
             inject_fault("teardown", rank)
             break
+        conn.send(("started", rank))  # a rank that dies before this did not die in the test
         conn.send(("result", run_task(task, ctx, spec, capture)))
         inject_fault("between", rank)
     os._exit(0)  # skip interpreter teardown: torch's atexit hooks can block on a broken group

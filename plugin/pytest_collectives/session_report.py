@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from .baselines import BenchmarkEntry
-from .nodecheck import LOOPBACK_LINK
+from .nodecheck import LOOPBACK_LINK, NETWORK_LINK
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 MAX_LONGREPR = 4000
@@ -24,7 +24,11 @@ MAX_LONGREPR = 4000
 
 def p2p_matrix(results: dict[str, BenchmarkEntry], link: Callable[[int, int], str]) -> dict[str, Any] | None:
     """The all-pairs matrix (unidirectional GB/s) from the benchmarks marked ``matrix: pairs``, at the
-    largest message size measured; None when the run measured no pairs."""
+    largest message size measured; None when the run measured no pairs.
+
+    ``link(i, j)`` is the class of the link between local devices i and j of one node; a pair on two nodes
+    (SPMD mode) crosses the network, and its class is NETWORK_LINK.
+    """
     pairs = [e.extra_info for e in results.values() if e.extra_info.get("matrix") == "pairs"]
     if not pairs:
         return None
@@ -32,16 +36,27 @@ def p2p_matrix(results: dict[str, BenchmarkEntry], link: Callable[[int, int], st
     pairs = [p for p in pairs if p["nbytes"] == largest]
     n = 1 + max(max(p["src"], p["dst"]) for p in pairs)
     matrix: list[list[float | None]] = [[None] * n for _ in range(n)]
+    node = [0] * n
     for p in pairs:
         matrix[p["src"]][p["dst"]] = p["algbw_GBps"]
+        node[p["src"]], node[p["dst"]] = p.get("src_node", 0), p.get("dst_node", 0)
     if any(matrix[i][j] is None for i in range(n) for j in range(n) if i != j):
         return None  # a partial matrix (some pairs deselected) can't be judged pair against pair
+    local = [i - node.index(node[i]) for i in range(n)]  # ranks sit on their nodes in blocks
+    kind = "GPU" if pairs[0].get("devices") != "cpu" else "rank"
+    several = len(set(node)) > 1
     return {
         "unit": "GB/s",
         "bidirectional": False,
-        "devices": [f"GPU{i}" if pairs[0].get("devices") != "cpu" else f"rank{i}" for i in range(n)],
+        "devices": [f"node{node[i]}:{kind}{local[i]}" if several else f"{kind}{i}" for i in range(n)],
         "matrix": matrix,
-        "classes": [[("X" if i == j else link(i, j)) for j in range(n)] for i in range(n)],
+        "classes": [
+            [
+                "X" if i == j else NETWORK_LINK if node[i] != node[j] else link(local[i], local[j])
+                for j in range(n)
+            ]
+            for i in range(n)
+        ],
     }
 
 

@@ -68,10 +68,6 @@ class SpmdEnv:
         """The node of a global rank: both launchers place ranks in per-node blocks (checked by detect)."""
         return rank // self.local_world_size
 
-    def link(self, a: int, b: int) -> str:
-        """How ranks a and b are connected, to label P2P results."""
-        return "intra-node" if self.node_of(a) == self.node_of(b) else "inter-node"
-
 
 def detect(environ: Mapping[str, str]) -> SpmdEnv | None:
     """The SPMD world this process is a rank of, or None when pytest was not started once per rank."""
@@ -274,15 +270,12 @@ def _rank_context_class() -> type:
 
     @dataclasses.dataclass(repr=False)
     class SpmdRankContext(RankContext):
-        """The ``pg`` of SPMD mode: the pooled ranks' API, plus where each rank runs."""
+        """The ``pg`` of SPMD mode: the pooled ranks' API, with the node each rank runs on."""
 
         env: SpmdEnv | None = None
 
         def node_of(self, rank: int) -> int:
             return self.env.node_of(rank)  # type: ignore[union-attr]
-
-        def link(self, a: int, b: int) -> str:
-            return self.env.link(a, b)  # type: ignore[union-attr]
 
     return SpmdRankContext
 

@@ -141,5 +141,8 @@ def test_pair_bandwidth(pg, benchmark, pair, nbytes):
     src, dst = pair
     buf = torch.ones(nbytes // 4, device=pg.device)
     inbox = torch.empty_like(buf)
-    benchmark.extra_info.update(dtype="float32", src=src, dst=dst, mode="send_recv", matrix="pairs")
+    benchmark.extra_info.update(
+        dtype="float32", src=src, dst=dst, mode="send_recv", matrix="pairs", link=pg.link(src, dst),
+        src_node=pg.node_of(src), dst_node=pg.node_of(dst),
+    )  # fmt: skip
     benchmark(transfer, "send_recv", "unidir", buf, inbox, pg.rank, src, dst, nbytes=nbytes, collective="p2p")
