@@ -62,3 +62,33 @@ def test_topology_fingerprint_on_gpu() -> None:
 
     fp = detect("nccl", gpu_count())
     assert topology_id(fp).startswith(f"gpu-{gpu_count()}x-")
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="CUDA IPC between ranks needs 2 GPUs (one per rank)")
+def test_cuda_ipc_copy_reads_the_owners_memory(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it=textwrap.dedent(
+            """
+            import pytest, torch, torch.distributed as dist
+            from pytest_collectives.ipc import share
+
+            @pytest.mark.world_size(2)
+            def test_ipc(pg):
+                mine = torch.arange(1000.0, device=pg.device) * (pg.rank + 1)
+                views = [share(mine[10:], owner=0)]
+                assert views[0].device == torch.device("cuda", 0)
+                if pg.rank == 1:
+                    assert torch.equal(views[0].to(pg.device), torch.arange(10.0, 1000.0, device=pg.device))
+                dist.barrier()
+                if pg.rank == 0:
+                    mine.fill_(-1.0)  # the owner writes; the peer sees it in place
+                    torch.cuda.synchronize()
+                dist.barrier()
+                if pg.rank == 1:
+                    assert views[0].eq(-1.0).all()
+                views.clear()
+                dist.barrier()
+            """
+        )
+    )
+    pytester.runpytest("--gpus", "2").assert_outcomes(passed=1)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from pytest_collectives.bench import measure
 from pytest_collectives.hooks import settings_of, world_sizes_of
+from pytest_collectives.ipc import share
 
 LATENCY_BYTES = 4
 
@@ -87,7 +88,9 @@ def test_shared_memory_copy(pg, benchmark, nbytes):
     """CPU copy by memory between processes: rank 1 copies straight out of rank 0's buffer (one memcpy,
     like tensor.to between GPUs or CUDA IPC), compared with a memcpy inside one process."""
     if pg.device.type != "cpu":
-        pytest.skip("shared memory between processes is the CPU path; GPUs copy through CUDA IPC")
+        pytest.skip(
+            "shared memory between processes is the CPU path; GPUs copy by CUDA IPC (test_cuda_ipc_copy)"
+        )
     numel = nbytes // 4
     shared, path = _shared_buffer(pg, numel)
     private = torch.ones(numel)
@@ -99,6 +102,23 @@ def test_shared_memory_copy(pg, benchmark, nbytes):
     dist.barrier()
     if pg.rank == 0:
         os.unlink(path)
+
+
+@pytest.mark.gpu
+@pytest.mark.world_size(2)
+def test_cuda_ipc_copy(pg, benchmark, nbytes):
+    """GPU copy by memory between processes: rank 1 copies straight out of rank 0's buffer on cuda:0, opened
+    by CUDA IPC (a peer-to-peer copy over the GPUs' link, like tensor.to), against the send APIs above."""
+    numel = nbytes // 4
+    mine = torch.full((numel,), float(pg.rank + 1), device=pg.device)
+    views = [share(mine, owner=0)]  # rank 0: its own tensor; rank 1: rank 0's memory
+    dst = torch.empty(numel, device=pg.device)
+    benchmark.extra_info.update(dtype="float32", src=0, dst=1, mode="cuda_ipc")
+    benchmark(lambda: dst.copy_(views[0]) if pg.rank == 1 else None, nbytes=nbytes, collective="p2p")
+    if pg.rank == 1:
+        assert dst.eq(1.0).all(), "the copy did not read rank 0's memory"
+    views.clear()
+    dist.barrier()  # rank 0 frees its buffer only after rank 1 dropped its view
 
 
 def bench_local_memcpy(pg, dst: torch.Tensor, src: torch.Tensor) -> float:
