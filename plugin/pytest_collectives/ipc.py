@@ -1,9 +1,9 @@
 """Copies by memory between GPU processes: one rank's CUDA buffer, opened by its peers through CUDA IPC.
 
 torch.multiprocessing shares a CUDA tensor by pickling it. Here its IPC handle travels as JSON in a uint8
-tensor broadcast over the group, so nothing a peer sends is unpickled (the rule of the controller's channel
-too). The owner must keep its tensor alive until every peer has dropped its view: `share` users end with a
-barrier after the peers' last use.
+tensor broadcast over the group, so what one rank sends another is only ever parsed as JSON. The owner must
+keep its tensor alive until every peer has dropped its view: `share` users end with a barrier after the
+peers' last use.
 """
 
 from __future__ import annotations
