@@ -325,7 +325,7 @@ def judge(f: Fault, calls: dict[str, dict], warnings: dict[str, list[str]]) -> t
         if rec["outcome"] != "passed" or victim is None:
             return "wrong", "the plant failed or the victim has no report"
         if f.kind == "hang":  # an idle rank that stops reading: only the next test can notice
-            return expect(victim, r, "HUNG, still running", "")
+            return expect(victim, r, "HUNG, still running", "it never received this test")
         # The victim is not to blame: it runs on a fresh group, with a warning that names the dead rank.
         why = f"rank {r} died after the previous test ("
         if victim["outcome"] == "passed" and any(why in w for w in warnings.get(victim["nodeid"], [])):
@@ -491,6 +491,38 @@ def test_a_rank_that_dies_between_tests_is_not_blamed_on_the_next_one(pytester: 
     result.assert_outcomes(passed=6)
     # each next test is told why its group is new
     assert result.stdout.str().count("worker group replaced: rank 1 died after the previous test (") == 3
+
+
+@pytest.mark.usefixtures("inner_env")
+def test_a_rank_that_stops_reading_between_tests_is_told_apart_from_one_hung_in_the_test(
+    pytester: pytest.Pytester,
+) -> None:
+    result = _inner(
+        pytester,
+        f"""
+        @pytest.mark.world_size(2)
+        def test_a_stops_after_its_result(pg):
+            if pg.rank == 1:
+                os.environ["{FAULT_ENV}"] = "1:between:hang"
+
+        @pytest.mark.world_size(2)
+        def test_b_next(pg):
+            check_sum(pg)
+
+        @pytest.mark.world_size(2)
+        def test_c_fresh_group(pg):
+            check_sum(pg)
+        """,
+    )
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*rank 1: HUNG, still running*",
+            "it never received this test: it stopped reading tasks after the previous one",
+        ]
+    )
+    # rank 0 got the test and is stuck in it, waiting for rank 1: no such line for it
+    assert result.stdout.str().count("it never received this test") == 1
 
 
 @pytest.mark.usefixtures("inner_env")

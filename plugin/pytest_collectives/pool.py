@@ -152,7 +152,10 @@ class WorkerGroup:
         if missing:
             stacks = {} if self.lost else self._dump_stacks(missing)
             for rank in missing:
-                reports[rank] = RankReport(rank, HUNG, stack=stacks.get(rank, "(no stack was written)"))
+                # (a receipt that arrived with the deadline is still in the pipe: poll sees it)
+                idle = results is not None and rank not in self.started and not self.conns[rank].poll()
+                why = "it never received this test: it stopped reading tasks after the previous one" * idle
+                reports[rank] = RankReport(rank, HUNG, why, stack=stacks.get(rank, "(no stack was written)"))
         outcome = GroupOutcome([reports[r] for r in range(n)], likely_cause(reports, failures), timeout_s)
         self._attach_output(outcome)
         if missing or any(r.status == CRASHED for r in outcome.ranks):
