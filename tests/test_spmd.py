@@ -333,3 +333,25 @@ def test_two_nodes_label_the_pairs_of_the_matrix_inter_and_intra_node(tmp_path: 
     p2p = json.loads((tmp_path / "report" / "report.json").read_text())["p2p"]
     assert p2p["devices"] == ["node0:rank0", "node0:rank1", "node1:rank0", "node1:rank1"]
     assert p2p["classes"][1] == ["LOOPBACK", "X", "NET", "NET"]
+
+
+@pytest.mark.slow
+def test_a_bad_baseline_stops_every_rank_before_the_tests(tmp_path: Path) -> None:
+    from pytest_collectives.baselines import baseline_path
+    from pytest_collectives.topology import detect as detect_topology
+
+    (tmp_path / "test_bench.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.world_size(4)\n"
+        "def test_bench(pg, benchmark):\n"
+        "    open(f'ran{pg.rank}', 'w').close()\n"
+        "    benchmark(lambda: None)\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\nbaseline_dir = baselines\n")
+    bad = baseline_path(tmp_path / "baselines", detect_topology("gloo", 0))
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"schema_version": 1, "bench')
+    codes, text = torchrun_two_nodes(tmp_path, ["test_bench.py"], timeout_s=240)
+    assert codes == [1, 1], text
+    assert f"baseline error: {bad}: invalid JSON" in text, text
+    assert not list(tmp_path.glob("ran*")), "a rank ran the benchmark before the bad baseline was reported"

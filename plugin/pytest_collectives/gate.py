@@ -67,12 +67,9 @@ def compare_all(
 
 
 class BaselineGate:
-    def __init__(self, config: pytest.Config, backend: str, gpus: int, check_early: bool = True) -> None:
-        """check_early: read the baseline before the tests run. Not in SPMD mode, where rank 0 alone gates
-        and the other ranks would wait in lockstep for a rank 0 that stopped; there it is read at the end."""
+    def __init__(self, config: pytest.Config, backend: str, gpus: int) -> None:
         self.config = config
         self.backend, self.gpus = backend, gpus
-        self.check_early = check_early
         opt = config.getoption
         text = str(opt("regression_threshold"))
         try:
@@ -111,11 +108,11 @@ class BaselineGate:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        # A bad baseline is found before minutes of benchmarks run, not after them.
+        # A bad baseline is found before minutes of benchmarks run, not after them (in SPMD mode, rank 0
+        # alone gates and tells the other ranks: SpmdSession.pytest_collection_finish).
         opt = self.config.getoption
         if (
-            not self.check_early
-            or opt("benchmark_skip", False)
+            opt("benchmark_skip", False)
             or opt("benchmark_disable", False)
             or not any("benchmark" in getattr(item, "fixturenames", ()) for item in session.items)
         ):

@@ -60,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(session, "collectives-session")
     if env is not None and env.rank != 0:
         return  # in SPMD mode rank 0 alone compares, saves and reports
-    baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus, check_early=env is None)
+    baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus)
     config.pluginmanager.register(baseline_gate, "collectives-gate")
     if config.getoption("node_report"):
         report = session_report.NodeReport(config, config.getoption("node_report"))

@@ -294,6 +294,7 @@ class SpmdSession:
         self._groups: dict[int, Any] = {}
         self._contexts: dict[int, Any] = {}
         self.device: Any = None
+        self.stop: str | None = None  # why no test may run (rank 0's baseline error), the same on every rank
 
     # --- only rank 0 speaks ----------------------------------------------------------------------
 
@@ -381,11 +382,25 @@ class SpmdSession:
         self._start()
         ids = [item.nodeid for item in session.items]
         digest = hashlib.blake2b("\n".join(ids).encode(), digest_size=16).hexdigest()
-        if len(set(self._all_gather(digest, "comparing the collected tests", START_TIMEOUT_S))) > 1:
+        # Rank 0's gate has read the baseline by now (its hook runs first): a bad one stops every rank.
+        gate = self.config.pluginmanager.get_plugin("collectives-gate")
+        gathered = self._all_gather(
+            (digest, getattr(gate, "error", None)), "comparing the collected tests", START_TIMEOUT_S
+        )
+        if len({d for d, _ in gathered}) > 1:
             message = first_difference(
                 self._all_gather(ids, "comparing the collected tests", START_TIMEOUT_S)
             )
             pytest.exit(f"collectives SPMD: {message}", returncode=pytest.ExitCode.USAGE_ERROR)
+        self.stop = gathered[0][1]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        return True if self.stop else None  # True: the tests do not run
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.stop:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     # --- running a test in lockstep ----------------------------------------------------------------
 
