@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import pickle
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -149,6 +151,34 @@ def stable_seed(nodeid: str, kwargs: dict[str, Any]) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
 
 
+def distributed_call(item: pytest.Function) -> tuple[int, dict[str, Any]] | None:
+    """The world size and fixture values of a test marked world_size; None for a plain test."""
+    if item.get_closest_marker("world_size") is None:
+        return None
+    funcargs = {name: item.funcargs[name] for name in item._fixtureinfo.argnames}
+    return item.callspec.params["world_size"], funcargs
+
+
+@contextlib.contextmanager
+def examples_sent_to(
+    fn: Any, send: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], None]
+) -> Iterator[None]:
+    """While in effect, calling the hypothesis test ``fn`` hands each example to ``send(inner_test, owner,
+    kwargs)`` (owner: the test's bound instance arguments, if any) instead of running its body here."""
+    hypothesis = fn.hypothesis
+    inner = hypothesis.inner_test
+
+    @functools.wraps(inner)
+    def sent(*owner: Any, **kwargs: Any) -> None:
+        send(inner, owner, kwargs)
+
+    hypothesis.inner_test = sent
+    try:
+        yield
+    finally:
+        hypothesis.inner_test = inner
+
+
 class DistributedSession:
     def __init__(self, config: pytest.Config, settings: options.Settings) -> None:
         self.config = config
@@ -183,27 +213,21 @@ class DistributedSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
-        if pyfuncitem.get_closest_marker("world_size") is None:
+        call = distributed_call(pyfuncitem)
+        if call is None:
             return None
-        n = pyfuncitem.callspec.params["world_size"]
+        n, funcargs = call
         fn = pyfuncitem.obj
-        funcargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-        settings = getattr(fn, "hypothesis", None)
-        if settings is None:
+        if not hasattr(fn, "hypothesis"):
             self.dispatch(pyfuncitem, n, funcargs, hypothesis_inner=False)
             return True
-        # Hypothesis draws in the controller; each example runs on every rank with the same values.
-        original = settings.inner_test
 
-        @functools.wraps(original)
-        def on_ranks(*_self: Any, **kwargs: Any) -> None:
+        # Hypothesis draws in the controller; each example runs on every rank with the same values.
+        def on_ranks(_inner: Callable[..., Any], _owner: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self.dispatch(pyfuncitem, n, kwargs, hypothesis_inner=True)
 
-        settings.inner_test = on_ranks
-        try:
+        with examples_sent_to(fn, on_ranks):
             fn(**funcargs)
-        finally:
-            settings.inner_test = original
         return True
 
     def dispatch(self, item: pytest.Function, n: int, kwargs: dict[str, Any], hypothesis_inner: bool) -> None:

@@ -32,6 +32,8 @@ from .hooks import (
     DistributedSession,
     OnRanks,
     _outcome_key,
+    distributed_call,
+    examples_sent_to,
     parametrize_world_size,
     skip_gpu_tests,
     stable_seed,
@@ -406,29 +408,26 @@ class SpmdSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
-        if pyfuncitem.get_closest_marker("world_size") is None:
+        call = distributed_call(pyfuncitem)
+        if call is None:
             return None
-        n = pyfuncitem.callspec.params["world_size"]
+        n, funcargs = call
         fn = pyfuncitem.obj
-        funcargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-        hypothesis = getattr(fn, "hypothesis", None)
-        if hypothesis is None:
+        if not hasattr(fn, "hypothesis"):
             self.step(pyfuncitem, n, funcargs, fn)
             return True
-        # Every rank runs its own engine; with the same seed and the same gathered verdicts they agree.
-        inner, holder = hypothesis.inner_test, getattr(fn, "__func__", fn)
-        current = holder._hypothesis_internal_use_settings
 
-        @functools.wraps(inner)
-        def in_lockstep(*owner: Any, **kwargs: Any) -> None:
+        # Every rank runs its own engine; with the same seed and the same gathered verdicts they agree.
+        def in_lockstep(inner: Callable[..., Any], owner: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self.step(pyfuncitem, n, kwargs, functools.partial(inner, *owner), example=True)
 
-        hypothesis.inner_test = in_lockstep
+        holder = getattr(fn, "__func__", fn)
+        current = holder._hypothesis_internal_use_settings
         holder._hypothesis_internal_use_settings = lockstep_settings(current)
         try:
-            fn(**funcargs)
+            with examples_sent_to(fn, in_lockstep):
+                fn(**funcargs)
         finally:
-            hypothesis.inner_test = inner
             holder._hypothesis_internal_use_settings = current
         return True
 
