@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import cpu_fingerprint
 
 from pytest_collectives import baselines
 from pytest_collectives.baselines import (
@@ -17,21 +18,9 @@ from pytest_collectives.baselines import (
     resolve_baseline,
     save_baseline,
 )
-from pytest_collectives.topology import Fingerprint, topology_id
+from pytest_collectives.topology import topology_id
 
 SAMPLES = [1.02e-3, 0.98e-3, 1.00e-3, 1.10e-3, 0.99e-3]
-
-
-def fingerprint(**changes) -> Fingerprint:
-    fields = dict(
-        backend="gloo",
-        torch_version="2.13.0+cpu",
-        cpu_model="AMD EPYC 7B13 64-Core Processor",
-        logical_cores=2,
-        sockets=1,
-        numa_nodes=1,
-    )
-    return Fingerprint(**{**fields, **changes})
 
 
 def results() -> dict[str, BenchmarkEntry]:
@@ -51,7 +40,7 @@ def one_line(error: pytest.ExceptionInfo, path: Path, *fragments: str) -> str:
 
 
 def saved(tmp_path: Path) -> Path:
-    return save_baseline(tmp_path / "baselines", fingerprint(), results())
+    return save_baseline(tmp_path / "baselines", cpu_fingerprint(), results())
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -60,7 +49,7 @@ def saved(tmp_path: Path) -> Path:
 
 def test_save_then_load_round_trip(tmp_path):
     path = saved(tmp_path)
-    fp = fingerprint()
+    fp = cpu_fingerprint()
     assert path == tmp_path / "baselines" / topology_id(fp) / "baseline.json"
     baseline = load_baseline(path)
     assert baseline.fingerprint == fp
@@ -82,7 +71,7 @@ def test_file_is_readable_sorted_json(tmp_path):
     data = json.loads(text)
     assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
     assert data["schema_version"] == SCHEMA_VERSION
-    assert data["fingerprint"] == fingerprint().to_json()
+    assert data["fingerprint"] == cpu_fingerprint().to_json()
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", data["created"])
     assert data["commit"] is None  # tmp_path is not a git checkout
 
@@ -105,7 +94,7 @@ def test_refuses_to_overwrite_without_the_flag(tmp_path):
     one_line(info, path, "already exists", "--baseline-overwrite")
     assert path.read_bytes() == before
     fewer = {"broadcast[4KiB]": BenchmarkEntry.from_samples([3e-5] * 5)}
-    assert save_baseline(tmp_path / "baselines", fingerprint(), fewer, overwrite=True) == path
+    assert save_baseline(tmp_path / "baselines", cpu_fingerprint(), fewer, overwrite=True) == path
     assert list(load_baseline(path).benchmarks) == ["broadcast[4KiB]"]
 
 
@@ -123,7 +112,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypa
 
     monkeypatch.setattr(baselines.os, failing, boom)
     with pytest.raises(baselines.BaselineError, match=r"cannot write the baseline \(No space left"):
-        save_baseline(tmp_path / "baselines", fingerprint(), results(), overwrite=True)
+        save_baseline(tmp_path / "baselines", cpu_fingerprint(), results(), overwrite=True)
     assert path.read_bytes() == before
     assert leftovers(path) == []
 
@@ -148,7 +137,7 @@ def test_a_write_interrupted_halfway_leaves_no_file(tmp_path, monkeypatch):
     monkeypatch.setattr(baselines.os, "fdopen", lambda fd, *a, **k: HalfWriter(real_fdopen(fd, *a, **k)))
     with pytest.raises(KeyboardInterrupt):
         saved(tmp_path)
-    directory = tmp_path / "baselines" / topology_id(fingerprint())
+    directory = tmp_path / "baselines" / topology_id(cpu_fingerprint())
     assert list(directory.iterdir()) == []
 
 
@@ -165,14 +154,14 @@ def test_a_write_interrupted_halfway_leaves_no_file(tmp_path, monkeypatch):
 )
 def test_invalid_results_are_refused_before_writing(tmp_path, bad, field):
     with pytest.raises(BaselineError) as info:
-        save_baseline(tmp_path / "baselines", fingerprint(), bad)
+        save_baseline(tmp_path / "baselines", cpu_fingerprint(), bad)
     one_line(info, tmp_path, f"field '{field}'")
     assert list((tmp_path / "baselines").rglob("*.json")) == []
 
 
 def test_bad_names_are_refused(tmp_path):
     with pytest.raises(BaselineError, match="baseline name '../x'"):
-        save_baseline(tmp_path, fingerprint(), results(), name="../x")
+        save_baseline(tmp_path, cpu_fingerprint(), results(), name="../x")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -310,14 +299,14 @@ def test_edited_fingerprint_no_longer_matches_its_id(tmp_path):
         info,
         path,
         "field 'topology_id'",
-        topology_id(fingerprint()),
-        topology_id(fingerprint(logical_cores=64)),
+        topology_id(cpu_fingerprint()),
+        topology_id(cpu_fingerprint(logical_cores=64)),
     )
 
 
 def test_software_versions_may_differ_inside_one_topology(tmp_path):
     path = saved(tmp_path)
-    newer = fingerprint(torch_version="2.14.0")
+    newer = cpu_fingerprint(torch_version="2.14.0")
     assert find_baseline(tmp_path / "baselines", newer) == path
 
 
@@ -327,29 +316,29 @@ def test_software_versions_may_differ_inside_one_topology(tmp_path):
 
 def test_find_baseline(tmp_path):
     root = tmp_path / "baselines"
-    assert find_baseline(root, fingerprint()) is None
+    assert find_baseline(root, cpu_fingerprint()) is None
     path = saved(tmp_path)
-    assert find_baseline(root, fingerprint()) == path
-    assert find_baseline(root, fingerprint(), name="other") is None
-    assert find_baseline(root, fingerprint(logical_cores=4)) is None
+    assert find_baseline(root, cpu_fingerprint()) == path
+    assert find_baseline(root, cpu_fingerprint(), name="other") is None
+    assert find_baseline(root, cpu_fingerprint(logical_cores=4)) is None
 
 
 def test_resolve_the_current_topology(tmp_path):
     root = tmp_path / "baselines"
-    assert resolve_baseline(root, fingerprint(), None) is None
+    assert resolve_baseline(root, cpu_fingerprint(), None) is None
     path = saved(tmp_path)
-    resolved = resolve_baseline(root, fingerprint(), None)
+    resolved = resolve_baseline(root, cpu_fingerprint(), None)
     assert resolved.baseline.path == path and not resolved.foreign
-    for explicit in (str(path), topology_id(fingerprint()), str(path.parent)):
-        again = resolve_baseline(root, fingerprint(), explicit)
+    for explicit in (str(path), topology_id(cpu_fingerprint()), str(path.parent)):
+        again = resolve_baseline(root, cpu_fingerprint(), explicit)
         assert again.baseline.path.samefile(path) and not again.foreign
 
 
 def test_a_foreign_baseline_is_used_only_when_named(tmp_path):
     root = tmp_path / "baselines"
-    other = fingerprint(logical_cores=64)
+    other = cpu_fingerprint(logical_cores=64)
     other_path = save_baseline(root, other, results())
-    here = fingerprint()
+    here = cpu_fingerprint()
     assert resolve_baseline(root, here, None) is None
     by_path = resolve_baseline(root, here, str(other_path))
     by_id = resolve_baseline(root, here, topology_id(other))
@@ -359,21 +348,21 @@ def test_a_foreign_baseline_is_used_only_when_named(tmp_path):
 
 def test_a_foreign_file_in_this_topologys_directory_is_refused(tmp_path):
     root = tmp_path / "baselines"
-    other_path = save_baseline(root, fingerprint(logical_cores=64), results())
-    misplaced = root / topology_id(fingerprint()) / "baseline.json"
+    other_path = save_baseline(root, cpu_fingerprint(logical_cores=64), results())
+    misplaced = root / topology_id(cpu_fingerprint()) / "baseline.json"
     misplaced.parent.mkdir(parents=True)
     misplaced.write_bytes(other_path.read_bytes())
     with pytest.raises(BaselineError) as info:
-        resolve_baseline(root, fingerprint(), None)
-    one_line(info, misplaced, topology_id(fingerprint()), topology_id(fingerprint(logical_cores=64)))
+        resolve_baseline(root, cpu_fingerprint(), None)
+    one_line(info, misplaced, topology_id(cpu_fingerprint()), topology_id(cpu_fingerprint(logical_cores=64)))
 
 
 def test_an_unknown_explicit_baseline_lists_the_known_ids(tmp_path):
     root = tmp_path / "baselines"
     saved(tmp_path)
     with pytest.raises(BaselineError) as info:
-        resolve_baseline(root, fingerprint(), "gpu-8x-rtx-3090-nv4-sys-00000000")
-    one_line(info, root, "gpu-8x-rtx-3090-nv4-sys-00000000", f"known ids: {topology_id(fingerprint())}")
+        resolve_baseline(root, cpu_fingerprint(), "gpu-8x-rtx-3090-nv4-sys-00000000")
+    one_line(info, root, "gpu-8x-rtx-3090-nv4-sys-00000000", f"known ids: {topology_id(cpu_fingerprint())}")
     with pytest.raises(BaselineError) as info:
-        resolve_baseline(root, fingerprint(), str(tmp_path / "nope.json"))
+        resolve_baseline(root, cpu_fingerprint(), str(tmp_path / "nope.json"))
     one_line(info, tmp_path / "nope.json", "no such baseline file")

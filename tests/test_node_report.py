@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import cpu_fingerprint
 
 from pytest_collectives import node_report
 from pytest_collectives.baselines import BenchmarkEntry
@@ -29,12 +30,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def read_p2p(path: Path) -> list[list[float]]:
     rows = [line.split() for line in path.read_text().splitlines()[2:] if line.strip()]
     return [[float(v) for v in row[1:]] for row in rows]
-
-
-def cpu_fingerprint() -> Fingerprint:
-    return Fingerprint(
-        backend="gloo", torch_version="2.13.0", cpu_model="Test CPU", logical_cores=2, sockets=1, numa_nodes=1
-    )
 
 
 def gpu_fingerprint() -> Fingerprint:

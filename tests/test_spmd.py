@@ -10,10 +10,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from helpers import PLUGIN, outcomes
 
 from pytest_collectives import options
 from pytest_collectives.spmd import (
@@ -27,9 +27,6 @@ from pytest_collectives.spmd import (
     settings_for,
     tasks_per_node,
 )
-
-# Load the plugin by module name, so a checkout's copy on PYTHONPATH wins over an installed one.
-PLUGIN = ["-p", "no:collectives", "-p", "pytest_collectives.hooks", "-p", "no:cacheprovider"]
 
 TORCHRUN = {
     "RANK": "3",
@@ -265,14 +262,6 @@ def run_all(
         text += log.read()
         log.close()
     return codes, text
-
-
-def outcomes(junit: Path) -> dict[str, str]:
-    result = {}
-    for case in ET.parse(junit).iter("testcase"):
-        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        result[case.get("name")] = kinds[0] if kinds else "passed"
-    return result
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import cpu_fingerprint
 
 from pytest_collectives import topology
 from pytest_collectives.topology import (
@@ -53,18 +54,6 @@ def gpu_fp(**changes) -> Fingerprint:
         driver_version="535.104.05",
         cuda_version="12.6",
         nccl_version="2.21.5",
-    )
-    return dataclasses.replace(fp, **changes)
-
-
-def cpu_fp(**changes) -> Fingerprint:
-    fp = Fingerprint(
-        backend="gloo",
-        torch_version="2.13.0+cpu",
-        cpu_model="AMD EPYC 7B13 64-Core Processor",
-        logical_cores=2,
-        sockets=1,
-        numa_nodes=1,
     )
     return dataclasses.replace(fp, **changes)
 
@@ -171,7 +160,7 @@ def test_columns_shifted_by_a_missing_cell_are_caught():
 
 
 def test_fingerprint_json_round_trip():
-    for fp in (gpu_fp(), cpu_fp()):
+    for fp in (gpu_fp(), cpu_fingerprint()):
         data = json.loads(json.dumps(fp.to_json()))
         assert Fingerprint.from_json(data) == fp
 
@@ -211,19 +200,19 @@ def test_fingerprint_from_json_rejects_non_objects():
 
 def test_ids_look_like_the_examples():
     assert re.fullmatch(r"gpu-8x-rtx-3090-nv4-sys-[0-9a-f]{8}", topology_id(gpu_fp()))
-    assert re.fullmatch(r"cpu-2c-amd-epyc-7b13-[0-9a-f]{8}", topology_id(cpu_fp()))
-    intel = cpu_fp(cpu_model="Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", logical_cores=16)
+    assert re.fullmatch(r"cpu-2c-amd-epyc-7b13-[0-9a-f]{8}", topology_id(cpu_fingerprint()))
+    intel = cpu_fingerprint(cpu_model="Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", logical_cores=16)
     assert re.fullmatch(r"cpu-16c-intel-xeon-platinum-8375c-[0-9a-f]{8}", topology_id(intel))
 
 
 def test_id_is_stable_and_safe_as_a_directory_name():
-    odd = cpu_fp(cpu_model="../../etc/passwd ☃ " + "x" * 200)
-    for fp in (gpu_fp(), cpu_fp(), odd, gpu_fp(gpus=gpu_fp().gpus[:1], links=(("X",),))):
+    odd = cpu_fingerprint(cpu_model="../../etc/passwd ☃ " + "x" * 200)
+    for fp in (gpu_fp(), cpu_fingerprint(), odd, gpu_fp(gpus=gpu_fp().gpus[:1], links=(("X",),))):
         first = topology_id(fp)
         assert first == topology_id(Fingerprint.from_json(json.loads(json.dumps(fp.to_json()))))
         assert SAFE_DIR_NAME.fullmatch(first) and len(first) <= 80, first
     # Pinned: a change here silently orphans every recorded baseline.
-    assert topology_id(cpu_fp()) == "cpu-2c-amd-epyc-7b13-1e60dc5f"
+    assert topology_id(cpu_fingerprint()) == "cpu-2c-amd-epyc-7b13-1e60dc5f"
 
 
 def test_what_changes_the_id():
@@ -273,7 +262,7 @@ def test_link_class():
     assert link_class(fp, 1, 0) == "NV4"
     assert link_class(fp, 0, 7) == "SYS"
     assert link_class(fp, 3, 3) == "X"
-    assert link_class(cpu_fp(), 0, 1) == "unknown"
+    assert link_class(cpu_fingerprint(), 0, 1) == "unknown"
     assert link_class(gpu_fp(links=()), 0, 1) == "unknown"
     soc = gpu_fp(gpus=fp.gpus[:2], links=(("X", "SOC"), ("SOC", "X")))
     assert link_class(soc, 0, 1) == "SYS"

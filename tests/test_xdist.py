@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from helpers import PLUGIN, outcomes
 
 from pytest_collectives.options import OptionError
 from pytest_collectives.xdist_support import gpu_subset, visible_devices, worker
-
-PLUGIN = ["-p", "no:collectives", "-p", "pytest_collectives.hooks", "-p", "no:cacheprovider"]
 
 
 def test_worker_position() -> None:
@@ -58,14 +56,6 @@ def test_rank_one_fails(pg):
 def test_benchmarked(pg, benchmark):
     benchmark(dist.barrier)
 """
-
-
-def outcomes(junit: Path) -> dict[str, str]:
-    result = {}
-    for case in ET.parse(junit).iter("testcase"):
-        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        result[case.get("name")] = kinds[0] if kinds else "passed"
-    return result
 
 
 def run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
