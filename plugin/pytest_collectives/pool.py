@@ -64,8 +64,7 @@ class WorkerGroup:
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[Connection] = []
         self.start_rss: list[int] = []
-        self.tasks_run = 0
-        self.started: set[int] = set()  # the ranks that received the task in flight
+        self.received: set[int] = set()  # the ranks that acknowledged the task in flight
         self.lost: list[RankReport] = []  # crashed before receiving it: they died after the test before
         for rank in range(spec.world_size):
             parent_conn, child_conn = ctx.Pipe()
@@ -97,13 +96,12 @@ class WorkerGroup:
 
     def run(self, task: Task, timeout_s: float) -> tuple[GroupOutcome, list[RankResult]]:
         payload = pickle.dumps(task)
-        self.started, self.lost = set(), []
+        self.received, self.lost = set(), []
         for conn in self.conns:
             try:
                 conn.send_bytes(payload)
             except OSError:
                 pass  # a rank that died just now: _collect reports it from its pipe and exit status
-        self.tasks_run += 1
         results: list[RankResult] = []
         outcome = self._collect(timeout_s, results)
         if not self.start_rss:
@@ -143,7 +141,7 @@ class WorkerGroup:
                 if report is None:
                     continue
                 reports[rank] = report
-                if results is not None and report.status == CRASHED and rank not in self.started:
+                if results is not None and report.status == CRASHED and rank not in self.received:
                     self.lost.append(report)  # the test is to be run again: no need to wait for it
                 elif report.status in (FAILED, CRASHED):
                     failed_at = failed_at if failures else time.monotonic()
@@ -153,7 +151,7 @@ class WorkerGroup:
             stacks = {} if self.lost else self._dump_stacks(missing)
             for rank in missing:
                 # (a receipt that arrived with the deadline is still in the pipe: poll sees it)
-                idle = results is not None and rank not in self.started and not self.conns[rank].poll()
+                idle = results is not None and rank not in self.received and not self.conns[rank].poll()
                 why = "it never received this test: it stopped reading tasks after the previous one" * idle
                 reports[rank] = RankReport(rank, HUNG, why, stack=stacks.get(rank, "(no stack was written)"))
         outcome = GroupOutcome([reports[r] for r in range(n)], likely_cause(reports, failures), timeout_s)
@@ -169,7 +167,7 @@ class WorkerGroup:
             if conn.poll():
                 kind, payload = conn.recv()
                 if kind == "started":
-                    self.started.add(rank)
+                    self.received.add(rank)
                     if not conn.poll():  # a short test's result is often there already: no second wakeup
                         return None
                     kind, payload = conn.recv()
