@@ -106,10 +106,10 @@ CASES = [
     marker("marker-max-and-2", "'max', 2", "*world_size takes whole numbers >= 1 or 'max', got ('max', 2)"),
     found("found-empty", "empty", "{path}: the file is empty; delete it and re-record the baseline"),
     found("found-truncated", "truncated", "{path}: invalid JSON at line 1 column *; the file may be trunc*"),
-    found("found-old-schema", "schema", "{path}: field 'schema_version' is 99 but * reads version 1*"),
+    found("found-old-schema", "schema", "{path}: field 'schema_version' is 99 but * reads version 2*"),
     found("found-not-utf8", "binary", "{path}: not UTF-8 text; delete it and re-record the baseline"),
     found("found-not-an-object", "list", "{path}: the file must hold a JSON object, not list; re-record it"),
-    found("found-missing-field", "missing", "{path}: field 'benchmarks' must be present; fix the file*"),
+    found("found-missing-field", "missing", "{path}: field 'runs' must be present; fix the file*"),
     found("found-other-topology", "foreign", "{path}: recorded on topology * move the file to * or name it*"),
     found("found-unreadable", "unreadable", "{path}: permission denied *; fix the file's permissions"),
     found("found-directory", "directory", "{path}: is a directory*", "--fail-on-regression"),
@@ -138,7 +138,7 @@ def write_bad(path: Path, what: str, fingerprint: object, results: dict[str, Ben
         return
     if what == "foreign":  # a valid baseline, recorded on a machine with another CPU, under this id
         other = dataclasses.replace(fingerprint, cpu_model="Another CPU", logical_cores=96)  # type: ignore[type-var]
-        saved = save_baseline(path.parent.parent / "elsewhere", other, results)
+        saved, _ = save_baseline(path.parent.parent / "elsewhere", other, results)
         saved.rename(path)
         return
     content = {
@@ -147,7 +147,7 @@ def write_bad(path: Path, what: str, fingerprint: object, results: dict[str, Ben
         "schema": b'{"schema_version": 99}',
         "binary": b"\xff\xfe\x00baseline",
         "list": b"[1, 2, 3]",
-        "missing": b'{"schema_version": 1, "topology_id": "x", "fingerprint": {}, "created": ""}',
+        "missing": b'{"schema_version": 2, "topology_id": "x", "fingerprint": {}}',
         "unreadable": b'{"schema_version": 1}',
     }[what]
     path.write_bytes(content)
@@ -181,7 +181,7 @@ def run_case(
     fingerprint = detect("gloo", 0)
     results = {BENCH_ID: BenchmarkEntry.from_samples([1e-6] * 5)}
     # A valid baseline of this machine is on disk in every case: no bad input may change it.
-    good = save_baseline(pytester.path / "baselines", fingerprint, results)
+    good, _ = save_baseline(pytester.path / "baselines", fingerprint, results)
     path = good
     args = list(case.args)
     if case.baseline:

@@ -13,6 +13,7 @@ from pytest_collectives.baselines import (
     SCHEMA_VERSION,
     BaselineError,
     BenchmarkEntry,
+    Summary,
     find_baseline,
     load_baseline,
     resolve_baseline,
@@ -39,8 +40,9 @@ def one_line(error: pytest.ExceptionInfo, path: Path, *fragments: str) -> str:
     return message
 
 
-def saved(tmp_path: Path) -> Path:
-    return save_baseline(tmp_path / "baselines", cpu_fingerprint(), results())
+def saved(tmp_path: Path, **kwargs) -> Path:
+    path, _ = save_baseline(tmp_path / "baselines", cpu_fingerprint(), results(), **kwargs)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -54,26 +56,56 @@ def test_save_then_load_round_trip(tmp_path):
     baseline = load_baseline(path)
     assert baseline.fingerprint == fp
     assert baseline.topology_id == topology_id(fp)
-    assert baseline.benchmarks == results()
-    entry = baseline.benchmarks["all_reduce[1MiB]"]
-    assert entry.samples == tuple(SAMPLES)
-    assert entry.median == 1.00e-3 and entry.rounds == 5 and entry.unit == "s"
-    assert entry.min == min(SAMPLES) and entry.max == max(SAMPLES)
-    assert entry.mean == pytest.approx(sum(SAMPLES) / 5)
-    assert entry.stddev == pytest.approx(4.8166e-5, rel=1e-3)
-    assert entry.extra_info == {"bytes": 1 << 20, "busbw_GBps": 1.5}
-    assert baseline.benchmarks["broadcast[4KiB]"].stddev == 0.0
+    (run,) = baseline.runs
+    assert run.benchmarks == {name: entry.summary() for name, entry in results().items()}
+    summary = run.benchmarks["all_reduce[1MiB]"]
+    assert summary == Summary(median=1.00e-3, q1=0.99e-3, q3=1.02e-3, rounds=5, iterations=1)
+    assert run.benchmarks["broadcast[4KiB]"].q1 == run.benchmarks["broadcast[4KiB]"].q3 == 2e-5
 
 
-def test_file_is_readable_sorted_json(tmp_path):
+def test_each_save_adds_a_run_and_the_last_n_are_kept(tmp_path):
+    for i in range(4):
+        entry = BenchmarkEntry.from_samples([(i + 1) * 1e-3] * 3, iterations=7)
+        path, runs = save_baseline(tmp_path, cpu_fingerprint(), {"x": entry}, keep=3)
+        assert runs == min(i + 1, 3)
+    medians = [run.benchmarks["x"].median for run in load_baseline(path).runs]
+    assert medians == [2e-3, 3e-3, 4e-3]  # oldest first, the first run dropped
+    assert load_baseline(path).runs[0].benchmarks["x"].iterations == 7
+    path, runs = save_baseline(tmp_path, cpu_fingerprint(), {"y": entry}, overwrite=True)
+    assert runs == 1 and load_baseline(path).names == {"y"}
+
+
+def test_file_is_sorted_json_with_one_benchmark_per_line(tmp_path):
+    saved(tmp_path)
     path = saved(tmp_path)
     text = path.read_text()
     data = json.loads(text)
-    assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
-    assert data["schema_version"] == SCHEMA_VERSION
+    assert list(data) == sorted(data) and data["schema_version"] == SCHEMA_VERSION
     assert data["fingerprint"] == cpu_fingerprint().to_json()
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", data["created"])
-    assert data["commit"] is None  # tmp_path is not a git checkout
+    (first, second) = data["runs"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", first["created"])
+    assert first["commit"] is None  # tmp_path is not a git checkout
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith('"all_reduce[1MiB]"')]
+    assert (
+        lines
+        == [
+            '"all_reduce[1MiB]": {"iterations": 1, "median": 0.001, "q1": 0.00099, "q3": 0.00102, '
+            '"rounds": 5},'
+        ]
+        * 2
+    )
+
+
+def test_a_thousand_benchmarks_of_five_runs_stay_under_a_megabyte(tmp_path):
+    rng = __import__("random").Random(0)
+    many = {
+        f"suites/perf/test_collectives.py::test_all_reduce[ws8-{i}-reduce_scatter_all_gather]":
+        BenchmarkEntry.from_samples([rng.uniform(1e-5, 1e-2) for _ in range(50)], iterations=20)
+        for i in range(1000)
+    }  # fmt: skip
+    for _ in range(5):
+        path, _ = save_baseline(tmp_path, cpu_fingerprint(), many)
+    assert path.stat().st_size < 1 << 20
 
 
 def test_commit_is_recorded_inside_a_git_checkout(tmp_path):
@@ -83,19 +115,19 @@ def test_commit_is_recorded_inside_a_git_checkout(tmp_path):
     head = subprocess.run(
         ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
     ).stdout.strip()
-    assert load_baseline(saved(tmp_path)).commit == head
+    assert load_baseline(saved(tmp_path)).runs[0].commit == head
 
 
-def test_refuses_to_overwrite_without_the_flag(tmp_path):
+@pytest.mark.parametrize("content", ["{", '{"schema_version": 1}'], ids=["corrupt", "old-format"])
+def test_an_unreadable_baseline_is_never_replaced_without_the_flag(tmp_path, content):
     path = saved(tmp_path)
-    before = path.read_bytes()
+    path.write_text(content)
     with pytest.raises(BaselineError) as info:
         saved(tmp_path)
-    one_line(info, path, "already exists", "--baseline-overwrite")
-    assert path.read_bytes() == before
-    fewer = {"broadcast[4KiB]": BenchmarkEntry.from_samples([3e-5] * 5)}
-    assert save_baseline(tmp_path / "baselines", cpu_fingerprint(), fewer, overwrite=True) == path
-    assert list(load_baseline(path).benchmarks) == ["broadcast[4KiB]"]
+    one_line(info, path, "--baseline-overwrite")
+    assert path.read_text() == content
+    assert saved(tmp_path, overwrite=True) == path
+    assert len(load_baseline(path).runs) == 1
 
 
 def leftovers(path: Path) -> list[str]:
@@ -112,7 +144,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypa
 
     monkeypatch.setattr(baselines.os, failing, boom)
     with pytest.raises(baselines.BaselineError, match=r"cannot write the baseline \(No space left"):
-        save_baseline(tmp_path / "baselines", cpu_fingerprint(), results(), overwrite=True)
+        save_baseline(tmp_path / "baselines", cpu_fingerprint(), results())
     assert path.read_bytes() == before
     assert leftovers(path) == []
 
@@ -147,9 +179,7 @@ def test_a_write_interrupted_halfway_leaves_no_file(tmp_path, monkeypatch):
         ({"x": BenchmarkEntry.from_samples([])}, "benchmarks.x.samples"),
         ({"x": BenchmarkEntry.from_samples([1e-3, math.nan] * 3)}, "benchmarks.x.samples"),
         ({"x": BenchmarkEntry.from_samples([1e-3, 0.0] * 3)}, "benchmarks.x.samples"),
-        ({"x": BenchmarkEntry.from_samples(SAMPLES, {"busbw": math.inf})}, "benchmarks.x.extra_info.busbw"),
-        ({"x": BenchmarkEntry.from_samples(SAMPLES, {"when": object()})}, "benchmarks.x.extra_info.when"),
-        ({}, "benchmarks"),
+        ({}, "runs[0].benchmarks"),
     ],
 )
 def test_invalid_results_are_refused_before_writing(tmp_path, bad, field):
@@ -219,7 +249,9 @@ def mutate(doc: dict, dotted: str, value) -> None:
         doc[key] = value
 
 
-B = "benchmarks/all_reduce[1MiB]"
+R = "runs/0"
+B = f"{R}/benchmarks/all_reduce[1MiB]"
+F = "runs[0].benchmarks.all_reduce[1MiB]"
 
 
 @pytest.mark.parametrize(
@@ -228,42 +260,37 @@ B = "benchmarks/all_reduce[1MiB]"
         ("schema_version", KeyError, "schema_version"),
         ("topology_id", KeyError, "topology_id"),
         ("fingerprint", KeyError, "fingerprint"),
-        ("created", KeyError, "created"),
-        ("commit", KeyError, "commit"),
-        ("benchmarks", KeyError, "benchmarks"),
+        ("runs", KeyError, "runs"),
+        ("runs", [], "runs"),
+        ("runs", {}, "runs"),
         ("surprise", 1, "surprise"),
-        ("created", "yesterday", "created"),
-        ("created", "2025-01-31T12:00:00+02:00", "created"),
-        ("created", "2025-01-31T12:00:00", "created"),
-        ("commit", "HEAD", "commit"),
-        ("benchmarks", [], "benchmarks"),
-        ("benchmarks", {}, "benchmarks"),
+        (f"{R}/created", KeyError, "runs[0].created"),
+        (f"{R}/commit", KeyError, "runs[0].commit"),
+        (f"{R}/benchmarks", KeyError, "runs[0].benchmarks"),
+        (f"{R}/created", "yesterday", "runs[0].created"),
+        (f"{R}/created", "2025-01-31T12:00:00+02:00", "runs[0].created"),
+        (f"{R}/created", "2025-01-31T12:00:00", "runs[0].created"),
+        (f"{R}/commit", "HEAD", "runs[0].commit"),
+        (f"{R}/benchmarks", [], "runs[0].benchmarks"),
+        (f"{R}/benchmarks", {}, "runs[0].benchmarks"),
+        (f"{R}/surprise", 1, "runs[0].surprise"),
         ("fingerprint/logical_cores", 0, "fingerprint.logical_cores"),
         ("fingerprint/cpu_model", None, "fingerprint.cpu_model"),
         ("fingerprint/links", "NV4", "fingerprint.links"),
         ("fingerprint/os", "linux", "fingerprint.os"),
-        (B, 1.0, "benchmarks.all_reduce[1MiB]"),
-        (f"{B}/samples", KeyError, "benchmarks.all_reduce[1MiB].samples"),
-        (f"{B}/samples", [], "benchmarks.all_reduce[1MiB].samples"),
-        (f"{B}/samples", "1e-3", "benchmarks.all_reduce[1MiB].samples"),
-        (f"{B}/samples", [1e-3, "2e-3", 1e-3, 1e-3, 1e-3], "benchmarks.all_reduce[1MiB].samples"),
-        (f"{B}/samples", [1e-3, True, 1e-3, 1e-3, 1e-3], "benchmarks.all_reduce[1MiB].samples"),
-        (f"{B}/samples", [1e-3, -1e-3, 1e-3, 1e-3, 1e-3], "benchmarks.all_reduce[1MiB].samples"),
-        (f"{B}/samples/2", math.nan, "benchmarks.all_reduce[1MiB].samples"),
-        (f"{B}/median", math.inf, "benchmarks.all_reduce[1MiB].median"),
-        (f"{B}/stddev", None, "benchmarks.all_reduce[1MiB].stddev"),
-        (f"{B}/mean", KeyError, "benchmarks.all_reduce[1MiB].mean"),
-        (f"{B}/rounds", 4, "benchmarks.all_reduce[1MiB].rounds"),
-        (f"{B}/rounds", 5.0, "benchmarks.all_reduce[1MiB].rounds"),
-        (f"{B}/unit", "ms", "benchmarks.all_reduce[1MiB].unit"),
-        (f"{B}/extra_info", [], "benchmarks.all_reduce[1MiB].extra_info"),
-        (f"{B}/extra_info/busbw_GBps", math.nan, "benchmarks.all_reduce[1MiB].extra_info.busbw_GBps"),
-        (
-            f"{B}/extra_info/nested",
-            {"a": [1, -math.inf]},
-            "benchmarks.all_reduce[1MiB].extra_info.nested.a[1]",
-        ),
-        (f"{B}/speed", 1, "benchmarks.all_reduce[1MiB].speed"),
+        (B, 1.0, F),
+        (f"{B}/median", KeyError, f"{F}.median"),
+        (f"{B}/median", "1e-3", f"{F}.median"),
+        (f"{B}/median", True, f"{F}.median"),
+        (f"{B}/median", -1e-3, f"{F}.median"),
+        (f"{B}/median", math.nan, f"{F}.median"),
+        (f"{B}/q1", math.inf, f"{F}.q1"),
+        (f"{B}/q3", None, f"{F}.q3"),
+        (f"{B}/q3", 0.5e-3, f"{F}.median"),
+        (f"{B}/rounds", 0, f"{F}.rounds"),
+        (f"{B}/rounds", 5.0, f"{F}.rounds"),
+        (f"{B}/iterations", False, f"{F}.iterations"),
+        (f"{B}/samples", [1e-3], f"{F}.samples"),
     ],
 )
 def test_each_schema_defect_names_file_and_field(tmp_path, where, value, field):
@@ -286,6 +313,13 @@ def test_wrong_schema_version(tmp_path):
     one_line(
         info, path, "field 'schema_version' is 99", f"reads version {SCHEMA_VERSION}", "--baseline-overwrite"
     )
+
+
+def test_a_baseline_of_the_old_format_says_how_to_re_record(tmp_path):
+    path = write(tmp_path / "old.json", {"schema_version": 1, "benchmarks": {}})
+    with pytest.raises(BaselineError) as info:
+        load_baseline(path)
+    one_line(info, path, "is 1", "several runs", "--baseline-save --baseline-overwrite once")
 
 
 def test_edited_fingerprint_no_longer_matches_its_id(tmp_path):
@@ -337,7 +371,7 @@ def test_resolve_the_current_topology(tmp_path):
 def test_a_foreign_baseline_is_used_only_when_named(tmp_path):
     root = tmp_path / "baselines"
     other = cpu_fingerprint(logical_cores=64)
-    other_path = save_baseline(root, other, results())
+    other_path, _ = save_baseline(root, other, results())
     here = cpu_fingerprint()
     assert resolve_baseline(root, here, None) is None
     by_path = resolve_baseline(root, here, str(other_path))
@@ -348,7 +382,7 @@ def test_a_foreign_baseline_is_used_only_when_named(tmp_path):
 
 def test_a_foreign_file_in_this_topologys_directory_is_refused(tmp_path):
     root = tmp_path / "baselines"
-    other_path = save_baseline(root, cpu_fingerprint(logical_cores=64), results())
+    other_path, _ = save_baseline(root, cpu_fingerprint(logical_cores=64), results())
     misplaced = root / topology_id(cpu_fingerprint()) / "baseline.json"
     misplaced.parent.mkdir(parents=True)
     misplaced.write_bytes(other_path.read_bytes())

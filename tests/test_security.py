@@ -143,7 +143,9 @@ def test_only_the_control_channel_unpickles() -> None:
     assert "pool.py" in unpickling and "runner.py" in unpickling, "the check no longer sees the channel"
 
 
-@pytest.mark.parametrize("module", ["baselines.py", "node_report.py", "session_report.py", "gate.py"])
+@pytest.mark.parametrize(
+    "module", ["baselines.py", "node_report.py", "session_report.py", "gate.py", "gate_report.py"]
+)
 def test_files_on_disk_are_json(module: str) -> None:
     path = PACKAGE / module
     if not path.exists():

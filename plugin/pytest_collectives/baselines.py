@@ -1,9 +1,11 @@
 """The per-topology baseline store: `<root>/<topology-id>/<name>.json`, one file per recorded session.
 
-Files are meant to be committed and reviewed, so they are plain JSON with sorted keys and indentation. Each
-keeps the raw per-round samples, because the regression rule tests distributions, not just medians. Loading
-is strict: a baseline that silently lost a field would gate CI on garbage, so every defect is a one-line
-`BaselineError` naming the file and the field.
+A baseline holds the last few recorded runs (``--baseline-save`` adds one, KEEP_RUNS are kept), because the
+gate judges a run against the spread *between* runs, which one run cannot show. Per run and benchmark it keeps
+a summary (median and quartiles of the seconds per iteration, rounds, iterations per round), not the
+rounds: 1000 benchmarks x 5 runs stay well under 1 MB. Files are meant to be committed and reviewed, so they
+are plain JSON with sorted keys, one benchmark per line. Loading is strict: a baseline that silently lost a
+field would gate CI on garbage, so every defect is a one-line `BaselineError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ from typing import Any
 
 from .topology import Fingerprint, FingerprintError, topology_id
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_NAME = "baseline"
-UNIT = "s"
+KEEP_RUNS = 5
 OVERWRITE_FLAG = "--baseline-overwrite"
-_TOP_FIELDS = {"schema_version", "topology_id", "fingerprint", "created", "commit", "benchmarks"}
-_STAT_FIELDS = ("median", "mean", "stddev", "min", "max")
-_ENTRY_FIELDS = {*_STAT_FIELDS, "rounds", "unit", "samples", "extra_info"}
+_TOP_FIELDS = {"schema_version", "topology_id", "fingerprint", "runs"}
+_RUN_FIELDS = {"created", "commit", "benchmarks"}
+_TIME_FIELDS = ("median", "q1", "q3")
+_COUNT_FIELDS = ("rounds", "iterations")
+_SUMMARY_FIELDS = {*_TIME_FIELDS, *_COUNT_FIELDS}
+_DIGITS = 4  # significant digits kept: far below any spread a gate can see, and short lines to review
 _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -42,42 +47,60 @@ class BaselineError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Summary:
+    """One benchmark in one run: seconds per iteration (median and quartiles of the rounds) and counts."""
+
+    median: float
+    q1: float
+    q3: float
+    rounds: int
+    iterations: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **{f: float(f"{getattr(self, f):.{_DIGITS}g}") for f in _TIME_FIELDS},
+            **{f: getattr(self, f) for f in _COUNT_FIELDS},
+        }
+
+
+@dataclasses.dataclass(frozen=True)
 class BenchmarkEntry:
-    """One benchmark's per-round times (seconds), their summary, and free-form details (bytes, busbw...)."""
+    """One benchmark of this run: its per-iteration round times (seconds) and free-form details."""
 
     samples: tuple[float, ...]
-    median: float
-    mean: float
-    stddev: float
-    min: float
-    max: float
-    rounds: int
-    unit: str = UNIT
+    iterations: int = 1
     extra_info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_samples(
-        cls, samples: Sequence[float], extra_info: Mapping[str, Any] | None = None
+        cls, samples: Sequence[float], extra_info: Mapping[str, Any] | None = None, iterations: int = 1
     ) -> BenchmarkEntry:
-        values = tuple(float(s) for s in samples)
-        # Bad samples (empty, NaN) still make an entry, so that saving can reject it naming the field.
-        mean = math.fsum(values) / len(values) if values else math.nan
-        spread = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
-        return cls(
-            samples=values,
-            median=statistics.median(values) if values else math.nan,
-            mean=mean,
-            stddev=math.sqrt(spread),
-            min=min(values, default=math.nan),
-            max=max(values, default=math.nan),
-            rounds=len(values),
-            extra_info=dict(extra_info or {}),
-        )
+        return cls(tuple(float(s) for s in samples), iterations, dict(extra_info or {}))
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else math.nan
+
+    def summary(self) -> Summary:
+        if len(self.samples) < 2:
+            q1 = q3 = self.median
+        else:
+            q1, _, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return Summary(self.median, q1, q3, len(self.samples), self.iterations)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    created: str  # UTC, ISO 8601
+    commit: str | None
+    benchmarks: dict[str, Summary]
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["samples"] = list(self.samples)
-        return data
+        return {
+            "created": self.created,
+            "commit": self.commit,
+            "benchmarks": {name: s.to_json() for name, s in self.benchmarks.items()},
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +108,11 @@ class Baseline:
     path: Path
     topology_id: str
     fingerprint: Fingerprint
-    created: str  # UTC, ISO 8601
-    commit: str | None
-    benchmarks: dict[str, BenchmarkEntry]
+    runs: tuple[Run, ...]  # oldest first
+
+    @property
+    def names(self) -> set[str]:
+        return {name for run in self.runs for name in run.benchmarks}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,52 +141,49 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _check_finite_json(path: Path, value: Any, field: str) -> None:
-    """extra_info is free-form, but NaN/Infinity are not JSON and would poison later arithmetic."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _fail(path, field, "a finite number")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise _fail(path, field, "an object with string keys")
-            _check_finite_json(path, item, f"{field}.{key}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_finite_json(path, item, f"{field}[{i}]")
-    elif not (value is None or isinstance(value, str | int | float)):
-        raise _fail(path, field, "JSON data (object, list, string, number, true/false or null)")
-
-
-def _entry_from_json(path: Path, data: Any, field: str) -> BenchmarkEntry:
+def _check_fields(path: Path, data: Any, field: str, fields: set[str]) -> None:
     if not isinstance(data, dict):
         raise _fail(path, field, "an object")
-    missing, unknown = sorted(_ENTRY_FIELDS - data.keys()), sorted(data.keys() - _ENTRY_FIELDS)
+    missing, unknown = sorted(fields - data.keys()), sorted(data.keys() - fields)
+    prefix = f"{field}." if field else ""
     if missing:
-        raise _fail(path, f"{field}.{missing[0]}", "present")
+        raise _fail(path, f"{prefix}{missing[0]}", "present")
     if unknown:
-        raise _fail(path, f"{field}.{unknown[0]}", "absent (unknown field)")
-    samples = data["samples"]
-    if not isinstance(samples, list) or not samples or not all(_is_number(s) and s > 0 for s in samples):
-        raise _fail(
-            path, f"{field}.samples", "a non-empty list of positive finite numbers (seconds per round)"
-        )
-    for stat in _STAT_FIELDS:
-        if not _is_number(data[stat]) or data[stat] < 0:
-            raise _fail(path, f"{field}.{stat}", "a non-negative finite number")
-    rounds = data["rounds"]
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds != len(samples):
-        raise _fail(path, f"{field}.rounds", f"the number of samples ({len(samples)})")
-    if data["unit"] != UNIT:
-        raise _fail(path, f"{field}.unit", f'"{UNIT}"')
-    if not isinstance(data["extra_info"], dict):
-        raise _fail(path, f"{field}.extra_info", "an object")
-    _check_finite_json(path, data["extra_info"], f"{field}.extra_info")
-    return BenchmarkEntry(
-        samples=tuple(float(s) for s in samples),
-        **{stat: float(data[stat]) for stat in _STAT_FIELDS},
-        rounds=rounds,
-        unit=UNIT,
-        extra_info=data["extra_info"],
+        raise _fail(path, f"{prefix}{unknown[0]}", "absent (unknown field)")
+
+
+def _summary_from_json(path: Path, data: Any, field: str) -> Summary:
+    _check_fields(path, data, field, _SUMMARY_FIELDS)
+    for name in _TIME_FIELDS:
+        if not _is_number(data[name]) or data[name] <= 0:
+            raise _fail(path, f"{field}.{name}", "a positive finite number of seconds")
+    for name in _COUNT_FIELDS:
+        value = data[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise _fail(path, f"{field}.{name}", "a whole number >= 1")
+    if not data["q1"] <= data["median"] <= data["q3"]:
+        raise _fail(path, f"{field}.median", "between q1 and q3")
+    return Summary(**{name: data[name] for name in _SUMMARY_FIELDS})
+
+
+def _run_from_json(path: Path, data: Any, field: str) -> Run:
+    _check_fields(path, data, field, _RUN_FIELDS)
+    created = data["created"]
+    if not isinstance(created, str) or not _is_utc_iso(created):
+        raise _fail(path, f"{field}.created", "a UTC ISO 8601 time such as 2025-01-31T12:00:00+00:00")
+    commit = data["commit"]
+    if commit is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
+        raise _fail(path, f"{field}.commit", "a git commit hash (hex) or null")
+    benchmarks = data["benchmarks"]
+    if not isinstance(benchmarks, dict) or not benchmarks:
+        raise _fail(path, f"{field}.benchmarks", "a non-empty object keyed by benchmark name")
+    return Run(
+        created,
+        commit,
+        {
+            name: _summary_from_json(path, entry, f"{field}.benchmarks.{name}")
+            for name, entry in benchmarks.items()
+        },
     )
 
 
@@ -175,13 +197,10 @@ def _baseline_from_json(path: Path, data: Any) -> Baseline:
     if data["schema_version"] != SCHEMA_VERSION or isinstance(data["schema_version"], bool):
         raise BaselineError(
             f"{path}: field 'schema_version' is {data['schema_version']!r} but this plugin reads version "
-            f"{SCHEMA_VERSION}; re-record the baseline with {OVERWRITE_FLAG}"
+            f"{SCHEMA_VERSION} (several runs, each a summary per benchmark); re-record the baseline: "
+            f"--baseline-save {OVERWRITE_FLAG} once, then --baseline-save twice more"
         )
-    missing, unknown = sorted(_TOP_FIELDS - data.keys()), sorted(data.keys() - _TOP_FIELDS)
-    if missing:
-        raise _fail(path, missing[0], "present")
-    if unknown:
-        raise _fail(path, unknown[0], "absent (unknown field)")
+    _check_fields(path, data, "", _TOP_FIELDS)
     try:
         fingerprint = Fingerprint.from_json(data["fingerprint"])
     except FingerprintError as e:
@@ -193,24 +212,14 @@ def _baseline_from_json(path: Path, data: Any) -> Baseline:
             f"{expected_id!r}; "
             f"the fingerprint was edited, or the file is from another plugin version: re-record it"
         )
-    created = data["created"]
-    if not isinstance(created, str) or not _is_utc_iso(created):
-        raise _fail(path, "created", "a UTC ISO 8601 time such as 2025-01-31T12:00:00+00:00")
-    commit = data["commit"]
-    if commit is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
-        raise _fail(path, "commit", "a git commit hash (hex) or null")
-    benchmarks = data["benchmarks"]
-    if not isinstance(benchmarks, dict) or not benchmarks:
-        raise _fail(path, "benchmarks", "a non-empty object keyed by benchmark name")
+    runs = data["runs"]
+    if not isinstance(runs, list) or not runs:
+        raise _fail(path, "runs", "a non-empty list of recorded runs")
     return Baseline(
         path=path,
         topology_id=expected_id,
         fingerprint=fingerprint,
-        created=created,
-        commit=commit,
-        benchmarks={
-            name: _entry_from_json(path, entry, f"benchmarks.{name}") for name, entry in benchmarks.items()
-        },
+        runs=tuple(_run_from_json(path, run, f"runs[{i}]") for i, run in enumerate(runs)),
     )
 
 
@@ -273,12 +282,48 @@ def _git_commit(directory: Path) -> str | None:
 
 def check_saveable(
     directory: str | os.PathLike[str], fingerprint: Fingerprint, overwrite: bool, name: str = DEFAULT_NAME
-) -> Path:
-    """Where save_baseline would write; raises if it would have to replace a baseline not asked to."""
+) -> Baseline | None:
+    """The baseline a new run would be added to (None: a new file, or a fresh start with ``overwrite``).
+
+    Raises when the file is there but can't be extended: unreadable, another format or another topology
+    (only ``overwrite`` replaces it), or a directory in its place.
+    """
     path = baseline_path(directory, fingerprint, name)
-    if find_baseline(directory, fingerprint, name) is not None and not overwrite:
-        raise BaselineError(f"{path}: a baseline already exists; pass {OVERWRITE_FLAG} to replace it")
-    return path
+    if find_baseline(directory, fingerprint, name) is None or overwrite:
+        return None
+    try:
+        existing = load_baseline(path)
+    except BaselineError as exc:
+        raise BaselineError(f"{exc} (or pass {OVERWRITE_FLAG} to start a new baseline there)") from None
+    if existing.topology_id != topology_id(fingerprint):
+        raise BaselineError(
+            f"{path}: recorded on topology {existing.topology_id}, not this machine's; "
+            f"pass {OVERWRITE_FLAG} to start a new baseline there"
+        )
+    return existing
+
+
+def render(topology: str, fingerprint: Fingerprint, runs: Sequence[Run]) -> str:
+    """The file's text: sorted keys, indented, and one benchmark summary per line, so that recording a run
+    adds a block of lines and dropping the oldest removes one (a review reads the diff line by line)."""
+    lines: dict[str, str] = {}
+
+    def one_line(summary: Summary) -> str:
+        key = f"\u0000{len(lines)}"
+        lines[json.dumps(key)] = json.dumps(summary.to_json(), sort_keys=True, allow_nan=False)
+        return key
+
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "topology_id": topology,
+        "fingerprint": fingerprint.to_json(),
+        "runs": [
+            {**run.to_json(), "benchmarks": {n: one_line(s) for n, s in run.benchmarks.items()}}
+            for run in runs
+        ],
+    }
+    text = json.dumps(document, indent=2, sort_keys=True, allow_nan=False)
+    return re.sub(r'"\\u0000\d+"', lambda m: lines[m.group(0)], text) + "\n"
 
 
 def save_baseline(
@@ -287,29 +332,36 @@ def save_baseline(
     results: Mapping[str, BenchmarkEntry],
     overwrite: bool = False,
     name: str = DEFAULT_NAME,
-) -> Path:
-    """Write `results` to `<directory>/<topology-id>/<name>.json` atomically and return the path.
+    keep: int = KEEP_RUNS,
+) -> tuple[Path, int]:
+    """Add this run to `<directory>/<topology-id>/<name>.json`, keeping the last ``keep`` runs (with
+    ``overwrite``: this run alone); returns the path and the number of runs it now holds.
 
     The document is validated with the loader's own rules before anything is written, so a saved baseline
     always loads; the file appears complete or not at all (temp file, fsync, rename).
     """
-    path = check_saveable(directory, fingerprint, overwrite, name)
+    if keep < 1:
+        raise BaselineError(f"keep {keep} run(s): a baseline keeps at least one run")
+    existing = check_saveable(directory, fingerprint, overwrite, name)
+    path = baseline_path(directory, fingerprint, name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BaselineError(f"{path.parent}: cannot create the baseline directory ({e.strerror})") from None
-    document = {
-        "schema_version": SCHEMA_VERSION,
-        "topology_id": topology_id(fingerprint),
-        "fingerprint": fingerprint.to_json(),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _git_commit(path.parent),
-        "benchmarks": {bench: entry.to_json() for bench, entry in results.items()},
-    }
-    _baseline_from_json(path, document)
-    text = json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    for bench, entry in results.items():
+        values = entry.samples
+        if not values or not all(math.isfinite(v) and v > 0 for v in values):
+            raise _fail(path, f"benchmarks.{bench}.samples", "a non-empty list of positive finite seconds")
+    run = Run(
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        commit=_git_commit(path.parent),
+        benchmarks={bench: entry.summary() for bench, entry in sorted(results.items())},
+    )
+    runs = [*(existing.runs if existing else ()), run][-keep:]
+    text = render(topology_id(fingerprint), fingerprint, runs)
+    _baseline_from_json(path, json.loads(text))
     _write_atomic(path, text)
-    return path
+    return path, len(runs)
 
 
 def _write_atomic(path: Path, text: str) -> None:

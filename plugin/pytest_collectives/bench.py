@@ -1,9 +1,16 @@
 """Benchmarks timed inside the ranks, as the ``benchmark`` fixture of a distributed test.
 
-Each round starts with a barrier so no rank starts early, is timed with CUDA events on GPU and
-``perf_counter_ns`` on CPU, and counts as long as its slowest rank took (a collective is as slow as its
-slowest member). The per-round maxima go back to pytest-benchmark's own statistics, so its flags, table,
-JSON and comparisons keep working.
+The schedule is nccl-tests': a warm-up of back-to-back iterations (``-w``), then rounds that each time a
+batch of back-to-back iterations (``-n``), so that the barrier opening a round and the launch of the timer
+are spread over the batch instead of dominating a small message. The batch size is calibrated after the
+warm-up, on warm rounds: doubled until a round lasts ``--benchmark-min-time`` (and at least ROUND_FLOOR_S),
+then confirmed by a second round of the same size within STEADY_TOLERANCE, so the round count that fits
+``--benchmark-max-time`` never comes from a cold round. Each round starts with a barrier so no rank starts
+early, is timed with CUDA events on GPU and ``perf_counter_ns`` on CPU, and counts as long as its slowest
+rank took (a collective is as slow as its slowest member). Every decision is taken on values all-reduced
+across the ranks, so all ranks run the same schedule. The rounds go back to pytest-benchmark's own
+statistics (per iteration), so its flags, table, JSON and comparisons keep working; ``latency_us`` (the
+median time of one iteration) and the bandwidths below go to ``extra_info``.
 
 Bandwidth follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / time, and busbw = algbw * factor,
 where the factor makes the figure comparable with the hardware's link bandwidth whatever the world size n:
@@ -18,6 +25,7 @@ where the factor makes the figure comparable with the hardware's link bandwidth 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -32,6 +40,11 @@ BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "p2p": lambda n: 1.0,
 }
 MAX_ROUNDS = 1000
+MAX_ITERATIONS = 1 << 16
+WARMUP_ITERATIONS = 5  # nccl-tests' -w default
+ROUND_FLOOR_S = 1e-3  # a barrier's skew (tens of microseconds on CPU) stays a few percent of a round
+STEADY_TOLERANCE = 0.25
+MAX_CALIBRATION_ROUNDS = 8
 
 
 def bandwidth(collective: str, nbytes: int, seconds: float, world_size: int) -> dict[str, float]:
@@ -91,23 +104,36 @@ class BenchSpec:
     enabled: bool
     min_rounds: int
     max_time_s: float
-    warmup_rounds: int = 2
+    min_time_s: float = 0.0
+    warmup_iterations: int = WARMUP_ITERATIONS
 
     @classmethod
     def from_fixture(cls, fixture: Any) -> BenchSpec:
-        return cls(enabled=not fixture.disabled, min_rounds=fixture._min_rounds, max_time_s=fixture._max_time)
+        # _warmup: --benchmark-warmup-iterations when --benchmark-warmup is on, else False
+        return cls(
+            enabled=not fixture.disabled,
+            min_rounds=fixture._min_rounds,
+            max_time_s=fixture._max_time,
+            min_time_s=fixture._min_time,
+            warmup_iterations=max(WARMUP_ITERATIONS, int(fixture._warmup or 0)),
+        )
+
+    @property
+    def round_s(self) -> float:
+        return max(self.min_time_s, ROUND_FLOOR_S)
 
 
 def record(fixture: Any, data: dict[str, Any] | None, context: dict[str, Any]) -> None:
-    """Feed the ranks' per-round maxima into the controller's pytest-benchmark fixture."""
+    """Feed the ranks' rounds (per-iteration maxima) into the controller's pytest-benchmark fixture."""
     if not data or not data["samples"]:
         return
-    stats = fixture._make_stats(1)
+    iterations = data["iterations"]
+    stats = fixture._make_stats(iterations)
     for seconds in data["samples"]:
-        stats.update(seconds)
-    extra = {**data["extra_info"], **context}
+        stats.update(seconds * iterations)  # pytest-benchmark divides a round by its iterations
+    median = sorted(data["samples"])[len(data["samples"]) // 2]
+    extra = {**data["extra_info"], **context, "latency_us": median * 1e6, "iterations_per_round": iterations}
     if extra.get("nbytes"):
-        median = sorted(data["samples"])[len(data["samples"]) // 2]
         extra.update(bandwidth(extra["collective"], extra["nbytes"], median, context["world_size"]))
     fixture.extra_info.update(extra)
 
@@ -115,8 +141,8 @@ def record(fixture: Any, data: dict[str, Any] | None, context: dict[str, Any]) -
 class RankBenchmark:
     """``benchmark(fn, *args, nbytes=..., collective=...)`` on a rank: times ``fn``, returns its result.
 
-    Every rank must make the same calls: the rounds are synchronised by barriers and the round count is
-    agreed through an all-reduce.
+    Every rank must make the same calls: the rounds are synchronised by barriers and the batch size and
+    round count are agreed through all-reduces. ``samples`` are the per-iteration times of the rounds.
     """
 
     def __init__(self, spec: BenchSpec, device: Any) -> None:
@@ -124,6 +150,7 @@ class RankBenchmark:
         self.device = device
         self.extra_info: dict[str, Any] = {}
         self.samples: list[float] | None = None
+        self.iterations = 1
 
     def __call__(
         self, fn: Callable[..., Any], *args: Any, nbytes: int = 0, collective: str = "p2p", **kwargs: Any
@@ -134,22 +161,44 @@ class RankBenchmark:
         if not self.spec.enabled:  # --benchmark-disable: run once, as a smoke test
             self.samples = []
             return fn(*args, **kwargs)
-        warmup = measure(fn, self.device, max(1, self.spec.warmup_rounds), *args, **kwargs)[0]
-        rounds = rounds_for(max(warmup), self.spec.min_rounds, self.spec.max_time_s)
-        self.samples, result = measure(fn, self.device, rounds, *args, **kwargs)
+        call = functools.partial(fn, *args, **kwargs)
+        measure(call, self.device, 1, self.spec.warmup_iterations)
+        self.iterations, round_s = calibrate(call, self.device, self.spec.round_s)
+        rounds = rounds_for(round_s, self.spec.min_rounds, self.spec.max_time_s)
+        times, result = measure(call, self.device, rounds, self.iterations)
+        self.samples = [t / self.iterations for t in times]
         return result
 
     def result(self) -> dict[str, Any] | None:
-        """What goes back to the controller: per-round maxima across ranks and the extra info."""
+        """What goes back to the controller: per-iteration maxima across ranks, the batch size, extra info."""
         if self.samples is None:
             return None
-        return {"samples": self.samples, "extra_info": self.extra_info}
+        return {"samples": self.samples, "iterations": self.iterations, "extra_info": self.extra_info}
 
 
-def measure(
-    fn: Callable[..., Any], device: Any, rounds: int, *args: Any, **kwargs: Any
-) -> tuple[list[float], Any]:
-    """Per-round times of ``fn`` (maximum across ranks when a group is up) and its last result.
+def calibrate(call: Callable[[], Any], device: Any, round_s: float) -> tuple[int, float]:
+    """The iterations per round that make a warm round last ``round_s``, and the time of such a round.
+
+    The count grows until a round is long enough; it is kept once a second round of that size agrees with
+    the first within STEADY_TOLERANCE (a cold cache, a first connection or a frequency ramp make the first
+    rounds slow, and a round count taken from them would be too small).
+    """
+    iterations, previous = 1, None
+    for _ in range(MAX_CALIBRATION_ROUNDS):
+        (elapsed,), _ = measure(call, device, 1, iterations)
+        if elapsed < round_s and iterations < MAX_ITERATIONS:
+            wanted = math.ceil(iterations * round_s / elapsed) if elapsed > 0 else 2 * iterations
+            iterations, previous = min(MAX_ITERATIONS, max(2 * iterations, wanted)), None
+            continue
+        if previous is not None and abs(elapsed - previous) <= STEADY_TOLERANCE * previous:
+            break
+        previous = elapsed
+    return iterations, elapsed
+
+
+def measure(fn: Callable[[], Any], device: Any, rounds: int, iterations: int = 1) -> tuple[list[float], Any]:
+    """Per-round times of ``iterations`` back-to-back calls of ``fn`` (maximum across ranks when a group is
+    up) and its last result.
 
     A barrier opens each round so no rank starts early; the maxima are taken in one all-reduce at the end,
     outside the timed rounds.
@@ -166,7 +215,8 @@ def measure(
             dist.barrier()
         timer.sync()
         timer.start()
-        result = fn(*args, **kwargs)
+        for _ in range(iterations):
+            result = fn()
         times.append(timer.stop())
     values = torch.tensor(times, dtype=torch.float64, device=device)
     if grouped:

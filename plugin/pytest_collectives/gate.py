@@ -1,19 +1,24 @@
-"""The CI gate: this run's benchmarks against the stored baseline of this machine's topology.
+"""The CI gate: this run's benchmarks against the stored runs of this machine's topology.
 
 Results come from pytest-benchmark's own session (distributed benchmarks feed it from the ranks, plain
 ones time themselves), so every benchmark of the run is gated the same way. The rule lives in
-regression.py, the files in baselines.py, the topology in topology.py; this module only wires them to the
-session: save, resolve, compare, report, and set the exit status.
+regression.py, the files in baselines.py, the text in gate_report.py, the topology in topology.py; this
+module only wires them to the session: save, resolve, judge, measure the flagged ones again, report, and
+set the exit status.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from . import gate_report
 from .baselines import (
+    KEEP_RUNS,
     BaselineError,
     BenchmarkEntry,
     ResolvedBaseline,
@@ -22,19 +27,40 @@ from .baselines import (
     resolve_baseline,
     save_baseline,
 )
-from .regression import DEFAULT_MIN_EFFECT, REGRESSION, Verdict, compare, format_table
+from .regression import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_TOLERANCE,
+    MACHINE_SLOWDOWN,
+    MIN_RUNS,
+    GateResult,
+    confirm,
+    judge,
+)
 from .topology import Fingerprint, detect, topology_id
 
+SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list them all
+
 OPTIONS = (
-    ("--baseline-save", {"action": "store_true", "help": "save this run's benchmarks as the baseline of "
-                         "this machine's topology (refuses to replace one without --baseline-overwrite)"}),
-    ("--baseline-overwrite", {"action": "store_true", "help": "let --baseline-save replace a baseline"}),
+    ("--baseline-save", {"action": "store_true", "help": "add this run to the baseline of this machine's "
+                         f"topology (keeps the last --baseline-keep runs; the gate judges from {MIN_RUNS})"}),
+    ("--baseline-keep", {"metavar": "N", "default": str(KEEP_RUNS),
+                         "help": f"runs a baseline keeps (default {KEEP_RUNS})"}),
+    ("--baseline-overwrite", {"action": "store_true", "help": "with --baseline-save: start the baseline "
+                              "afresh with this run (also replaces an unreadable or old-format file)"}),
     ("--baseline", {"metavar": "PATH|ID", "help": "compare with this baseline file or topology id "
                     "instead of the detected topology's"}),
-    ("--fail-on-regression", {"action": "store_true", "help": "CI mode: fail the session when a benchmark "
-                              "is slower than its baseline beyond noise and --regression-threshold"}),
-    ("--regression-threshold", {"metavar": "FRACTION", "default": str(DEFAULT_MIN_EFFECT),
-                                "help": "the slowdown the gate must catch (default 0.10 = 10%%)"}),
+    ("--fail-on-regression", {"action": "store_true", "help": "CI mode: fail the session on a confirmed "
+                              "regression or a machine-wide slowdown, and when there is no baseline to "
+                              "judge by (unless --allow-missing-baseline)"}),
+    ("--allow-missing-baseline", {"action": "store_true", "help": "with --fail-on-regression: pass when "
+                                  f"this topology has no baseline of {MIN_RUNS} runs yet (a first run)"}),
+    ("--regression-threshold", {"metavar": "FRACTION", "default": str(DEFAULT_THRESHOLD),
+                                "help": "the slowdown of one benchmark the gate promises to catch where its "
+                                "spread allows (default 0.10 = 10%%)"}),
+    ("--machine-tolerance", {"metavar": "FRACTION", "default": str(DEFAULT_TOLERANCE),
+                             "help": "how much slower than the baseline a machine of this topology may run "
+                             "across all benchmarks before that is a machine-wide slowdown (default 0.25)"}),
+    ("--gate-report", {"metavar": "DIR", "help": "write the verdict as gate.json and gate.md into DIR"}),
 )  # fmt: skip
 
 
@@ -50,36 +76,40 @@ def collect_results(config: pytest.Config) -> dict[str, BenchmarkEntry]:
     results = {}
     for bench in getattr(session, "benchmarks", []):
         if bench.stats.data:
-            results[bench.fullname] = BenchmarkEntry.from_samples(bench.stats.data, bench.extra_info)
+            results[bench.fullname] = BenchmarkEntry.from_samples(
+                bench.stats.data, bench.extra_info, bench.iterations
+            )
     return results
 
 
-def compare_all(
-    baseline: dict[str, BenchmarkEntry], results: dict[str, BenchmarkEntry], min_effect: float
-) -> tuple[list[tuple[str, Verdict]], list[str]]:
-    """Verdicts for the benchmarks in both, and the names of those this run has but the baseline lacks."""
-    rows = [
-        (name, compare(baseline[name].samples, entry.samples, min_effect=min_effect))
-        for name, entry in sorted(results.items())
-        if name in baseline
-    ]
-    return rows, sorted(set(results) - set(baseline))
+def _fraction(flag: str, text: str, upper: float | None) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and (upper is None or value < upper)) or value == float("inf"):
+        bound = f"between 0 and {upper:g}" if upper else "above 0"
+        raise pytest.UsageError(f"{flag} {text}: expected a fraction {bound}, e.g. 0.1")
+    return value
+
+
+def _names(names: list[str]) -> str:
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
 
 
 class BaselineGate:
-    def __init__(self, config: pytest.Config, backend: str, gpus: int) -> None:
+    def __init__(self, config: pytest.Config, backend: str, gpus: int, can_remeasure: bool = True) -> None:
         self.config = config
         self.backend, self.gpus = backend, gpus
+        self.can_remeasure = can_remeasure  # under torchrun/srun every rank would have to rerun the test
         opt = config.getoption
-        text = str(opt("regression_threshold"))
-        try:
-            self.min_effect = float(text)
-        except ValueError:
-            self.min_effect = float("nan")
-        if not 0 < self.min_effect < 1:
-            raise pytest.UsageError(
-                f"--regression-threshold {text}: expected a fraction between 0 and 1, e.g. 0.1"
-            )
+        self.min_effect = _fraction("--regression-threshold", str(opt("regression_threshold")), 1)
+        self.tolerance = _fraction("--machine-tolerance", str(opt("machine_tolerance")), None)
+        keep = str(opt("baseline_keep"))
+        if not keep.isdigit() or int(keep) < 1:
+            raise pytest.UsageError(f"--baseline-keep {keep}: expected a whole number of runs >= 1, e.g. 5")
+        self.keep = int(keep)
         if opt("baseline_overwrite") and not opt("baseline_save"):
             raise pytest.UsageError("--baseline-overwrite only makes sense with --baseline-save")
         self.root = config.rootpath / (config.getini("baseline_dir") or "baselines")
@@ -91,11 +121,16 @@ class BaselineGate:
             except BaselineError as exc:
                 raise pytest.UsageError(f"--baseline {explicit}: {exc}") from None
         self.lines: list[str] = []
-        self.rows: list[tuple[str, Verdict]] = []
+        self.result: GateResult | None = None
+        self.failed = False
         self.fingerprint: Fingerprint | None = None
         self.resolved: ResolvedBaseline | None = None
         self.error: str | None = None
         self.baseline_path: Path | None = None  # the baseline this run was compared with
+
+    @property
+    def rows(self) -> list[Any]:
+        return [(r.name, r) for r in self.result.rows] if self.result else []
 
     def _resolve(self) -> None:
         """Detect the topology, find its baseline (to save: check where it goes); raises BaselineError."""
@@ -135,7 +170,11 @@ class BaselineGate:
                 self.error = f"baseline error: {exc}"
         if self.error:
             self.lines.append(self.error)
+            self.failed = True
+        if self.failed:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.lines and not self.config.getoption("baseline_save"):
+            self._write_reports()
 
     def _gate(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
         if self.fingerprint is None:
@@ -144,37 +183,167 @@ class BaselineGate:
         current = topology_id(self.fingerprint)
         opt = self.config.getoption
         if opt("baseline_save"):
-            path = save_baseline(self.root, self.fingerprint, results, overwrite=opt("baseline_overwrite"))
-            self.lines.append(f"saved {len(results)} benchmark(s) as the baseline of {current}: {path}")
+            path, runs = save_baseline(
+                self.root, self.fingerprint, results, overwrite=opt("baseline_overwrite"), keep=self.keep
+            )
+            armed = (
+                ""
+                if runs >= MIN_RUNS
+                else f"; the gate judges from {MIN_RUNS}: record {MIN_RUNS - runs} more"
+            )
+            self.lines.append(
+                f"saved {len(results)} benchmark(s) as a run of the baseline of {current}: {path} "
+                f"({runs} run(s) kept of {self.keep}{armed})"
+            )
             return
         if self.resolved is None:
-            self.lines.append(
-                f"no baseline for this topology ({current}) under {self.root}: nothing to compare; "
-                "record one with --baseline-save"
-            )
+            self._unarmed(f"no baseline for this topology ({current}) under {self.root}")
             return
         base = self.resolved.baseline
         self.baseline_path = base.path
         if self.resolved.foreign:
             self.lines.append(f"comparing with a baseline of another topology ({base.topology_id}), as asked")
-        self.rows, missing = compare_all(base.benchmarks, results, self.min_effect)
-        self.lines.append(f"compared with {base.path} (recorded {base.created}, commit {base.commit or '?'})")
-        if missing:
-            self.lines.append(f"{len(missing)} benchmark(s) have no baseline entry yet: {', '.join(missing)}")
-        regressions = [name for name, v in self.rows if v.verdict == REGRESSION]
-        if regressions and opt("fail_on_regression"):
-            self.lines.append(f"FAILED: {len(regressions)} regression(s) (--fail-on-regression)")
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        elif regressions:
+        runs = [{name: s.median for name, s in run.benchmarks.items()} for run in base.runs]
+        now = {name: entry.median for name, entry in results.items()}
+        self.result = result = judge(runs, now, self.min_effect, self.tolerance)
+        self.lines.append(
+            f"compared with {base.path}: {len(base.runs)} run(s), recorded {base.runs[0].created} to "
+            f"{base.runs[-1].created}"
+        )
+        self._say_machine(result)
+        if result.flagged:
+            self._measure_again(session, result)
+        self._say_lists(result)
+        regressions = result.flagged
+        machine_wide = result.machine is not None and result.machine.verdict == MACHINE_SLOWDOWN
+        judged = [r for r in result.rows if r.runs >= MIN_RUNS]
+        if not judged:
+            self._unarmed(f"the baseline {base.path} holds {len(base.runs)} run(s) of these benchmarks")
+        for row in regressions:
+            factor = result.machine.factor if result.machine else 1.0
             self.lines.append(
-                f"{len(regressions)} regression(s); report mode: add --fail-on-regression to gate"
+                f"REGRESSION {row.name}: {row.relative:.3f}x, again {row.remeasured or float('nan'):.3f}x "
+                f"(between-run spread {row.spread:.1%}, machine factor {factor:.3f}x)"
             )
+        verdicts = [f"{len(regressions)} confirmed regression(s)"] if regressions else []
+        verdicts += ["a machine-wide slowdown"] if machine_wide else []
+        if verdicts and opt("fail_on_regression"):
+            self.lines.append(f"FAILED: {' and '.join(verdicts)} (--fail-on-regression)")
+            self.failed = True
+        elif verdicts:
+            self.lines.append(f"{' and '.join(verdicts)}; report mode: add --fail-on-regression to gate")
+
+    def _unarmed(self, why: str) -> None:
+        """No verdict is possible: under --fail-on-regression that is an error, unless opted out."""
+        record = (
+            f"`pytest <same arguments> --baseline-save` ({MIN_RUNS} times, on a machine known to be good)"
+        )
+        opt = self.config.getoption
+        if opt("fail_on_regression") and not opt("allow_missing_baseline"):
+            self.error = (
+                f"baseline error: {why}, so nothing can be judged; record one with {record}, "
+                f"or pass --allow-missing-baseline for a first run"
+            )
+        else:
+            self.lines.append(f"{why}: nothing judged; record one with {record}")
+
+    def _say_machine(self, result: GateResult) -> None:
+        machine = result.machine
+        if machine is None:
+            self.lines.append(
+                "too few benchmarks judged to estimate a machine factor: each is judged against the "
+                "baseline directly"
+            )
+            return
+        pace = "slower" if machine.factor >= 1 else "faster"
+        times = machine.factor if machine.factor >= 1 else 1 / machine.factor
+        self.lines.append(
+            f"this machine ran {times:.2f}x {pace} than the baseline across {machine.compared} benchmarks "
+            f"(the baseline's runs differ by {machine.spread:.1%}); each benchmark is judged relative to that"
+        )
+        if machine.verdict == MACHINE_SLOWDOWN:
+            self.lines.append(
+                f"MACHINE-WIDE SLOWDOWN: every benchmark ran {machine.factor:.2f}x slower, beyond the "
+                f"{machine.tolerance:.0%} machines of one topology may differ (--machine-tolerance) and the "
+                "baseline runs' own spread: a driver, library or configuration change?"
+            )
+
+    def _say_lists(self, result: GateResult) -> None:
+        unpromised = sorted(result.unpromised, key=lambda r: -r.detectable)
+        if unpromised:
+            worst = unpromised[0]
+            self.lines.append(
+                f"{len(unpromised)} of {len(result.rows)} benchmark(s) can't promise to catch a "
+                f"{result.threshold:.0%} slowdown at their between-run spread (worst {worst.name}: "
+                f"detects >= {worst.detectable:.0%}); more rounds (--benchmark-max-time), more baseline "
+                "runs or a quieter machine narrow it"
+            )
+        if result.missing:
+            self.lines.append(
+                f"{len(result.missing)} benchmark(s) in the baseline did not run: {_names(result.missing)}"
+            )
+        if result.new:
+            self.lines.append(f"{len(result.new)} benchmark(s) have no baseline yet: {_names(result.new)}")
+
+    def _measure_again(self, session: pytest.Session, result: GateResult) -> None:
+        """Run each flagged benchmark once more; only a regression seen twice stands."""
+        from _pytest.runner import runtestprotocol
+
+        flagged = result.flagged
+        if not self.can_remeasure:
+            self.lines.append(
+                f"{len(flagged)} flagged benchmark(s) not measured again: under torchrun/srun every rank "
+                "would have to rerun them; the first measurement stands"
+            )
+            return
+        bs = self.config._benchmarksession
+        items = {item.nodeid: item for item in session.items}
+        factor = result.machine.factor if result.machine else 1.0
+        for row in flagged:
+            item, before = items.get(row.name), len(bs.benchmarks)
+            if item is not None:
+                runtestprotocol(item, nextitem=None, log=False)
+            again = [b for b in bs.benchmarks[before:] if b.fullname == row.name and b.stats.data]
+            del bs.benchmarks[before:]  # pytest-benchmark's table and JSON keep the first measurement
+            if not again:
+                self.lines.append(f"{row.name}: could not be measured again; the first measurement stands")
+                continue
+            median = BenchmarkEntry.from_samples(again[-1].stats.data).median
+            confirmed = confirm(row, median, factor, len(flagged), result.threshold)
+            result.rows[result.rows.index(row)] = confirmed
+
+    def _write_reports(self) -> None:
+        failed = self.failed or self.error is not None
+        text = gate_report.markdown(self.result, self.lines, failed)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            with open(summary, "a", encoding="utf-8") as f:
+                f.write(text)
+        directory = self.config.getoption("gate_report")
+        if not directory:
+            return
+        data = gate_report.to_json(
+            self.result,
+            self.lines,
+            failed,
+            topology_id=topology_id(self.fingerprint) if self.fingerprint else None,
+            baseline=str(self.baseline_path) if self.baseline_path else None,
+        )
+        try:
+            out = Path(directory)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "gate.md").write_text(text, encoding="utf-8")
+            (out / "gate.json").write_text(
+                json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+            )
+        except OSError as exc:
+            self.lines.append(f"gate report not written to {directory}: {exc.strerror}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.lines and not self.rows:
             return
         terminalreporter.section("collectives: baseline comparison")
-        if self.rows:
-            terminalreporter.write_line(format_table(self.rows))
+        if self.result and self.result.rows:
+            terminalreporter.write_line(gate_report.format_table(self.result.rows))
         for line in self.lines:
             terminalreporter.write_line(line)

@@ -62,7 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(session, "collectives-session")
     if env is not None and env.rank != 0:
         return  # in SPMD mode rank 0 alone compares, saves and reports
-    baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus)
+    baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus, can_remeasure=env is None)
     config.pluginmanager.register(baseline_gate, "collectives-gate")
     if config.getoption("node_report"):
         report = session_report.NodeReport(config, config.getoption("node_report"))
@@ -110,6 +110,14 @@ def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[A
     if args == ("max",):
         return (settings.gpus or max(settings.world_sizes),)
     return args or settings.world_sizes
+
+
+def oversubscribed(cores: int) -> str:
+    """Why a CPU benchmark of more ranks than usable cores is skipped (parametrize_world_size's reason)."""
+    return (
+        f"benchmark of {{n}} CPU ranks on {cores} usable core(s) would time the scheduler, not the "
+        "communication; run it where the session may use as many cores as ranks (os.sched_getaffinity)"
+    )
 
 
 def parametrize_world_size(
@@ -202,7 +210,13 @@ class DistributedSession:
             return
         gpus = self.settings.gpus
         sizes = world_sizes_of(marker.args, self.settings)
-        parametrize_world_size(metafunc, sizes, gpus or None, f"needs {{n}} GPUs; --gpus is {gpus}")
+        if gpus:
+            parametrize_world_size(metafunc, sizes, gpus, f"needs {{n}} GPUs; --gpus is {gpus}")
+        elif "benchmark" in metafunc.fixturenames:
+            cores = len(os.sched_getaffinity(0))
+            parametrize_world_size(metafunc, sizes, cores, oversubscribed(cores))
+        else:
+            parametrize_world_size(metafunc, sizes, None, "")
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         skip_gpu_tests(items, self.settings)

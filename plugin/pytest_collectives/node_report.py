@@ -54,7 +54,7 @@ import numpy as np
 
 from . import nodecheck
 from .nodecheck import FAIL, PASS, WARN, Check, NodeCheckError
-from .regression import DEFAULT_MIN_EFFECT, IMPROVEMENT, INSUFFICIENT_DATA, REGRESSION, UNCHANGED
+from .regression import DEFAULT_THRESHOLD, IMPROVEMENT, INSUFFICIENT_DATA, REGRESSION, UNCHANGED
 from .topology import Fingerprint, FingerprintError
 
 SCHEMA_VERSION = 1
@@ -531,7 +531,7 @@ def _plots(data: Mapping[str, Any], checks: Sequence[Check]) -> dict[str, bytes 
 
 
 def _threshold(baseline: Mapping[str, Any]) -> float:
-    return baseline.get("regression_threshold", 1.0 + DEFAULT_MIN_EFFECT / 2.0)
+    return baseline.get("regression_threshold", 1.0 + DEFAULT_THRESHOLD / 2.0)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,40 +1,38 @@
-"""The noise-aware regression rule: is the current run slower than the baseline, beyond noise and by enough?
+"""The gate's rule: is this run slower than the baseline's runs, beyond the spread between runs and machines?
 
-A benchmark is a REGRESSION when both hold:
+A run's rounds say how noisy *that run* was, not how much a benchmark moves from one session to the next
+(another process layout, another page placement, a neighbour on the host), so the rule never tests rounds
+against rounds. It works on each run's median time per iteration, on a log scale, against a baseline of
+several runs:
 
-1. evidence: a one-sided Mann-Whitney U test says the current round times are stochastically larger than the
-   baseline's, p < alpha (default 0.01). Rank-based, so an occasional outlier round (a page fault, a noisy
-   neighbour) cannot make or break a verdict the way it moves a mean or a t-test.
-2. size: the ratio of medians (current / baseline) is at least 1 + min_effect / 2.
+1. Machine factor. Each baseline run, and this run, gets one factor: the median over all benchmarks of its
+   log-ratio to the baseline's centre. It is what a faster or slower machine of the same topology, or a
+   quieter day, does to everything at once. Every benchmark is then judged relative to its run's factor.
+2. Between-run spread. A benchmark's spread is the standard deviation of its factor-adjusted run medians.
+   With 3-5 runs that estimate alone is poor, so it is shrunk towards the spread typical of all benchmarks
+   (a moderated variance, as limma does: PRIOR_DF pseudo-runs at the pooled value), floored at MIN_SPREAD.
+3. Verdict. A benchmark is a REGRESSION when its factor-adjusted log-ratio exceeds the t critical value for
+   a one-sided test at ALPHA / N (Bonferroni over the N benchmarks judged: an unchanged session is flagged
+   in at most ALPHA of sessions, whatever N) *and* its adjusted ratio is at least 1 + threshold / 2 (a real
+   change far below the promise is not worth failing CI on). IMPROVEMENT is the mirror image.
+4. Detectable slowdown. For each benchmark, the slowdown the rule catches 95% of the time at its spread:
+   a user sees where the gate can keep the promise of `threshold` and where it needs more rounds, more
+   baseline runs or a quieter machine.
+5. Machine-wide slowdown. A factor above 1 + tolerance (machines of one topology differ by less), and
+   beyond the baseline runs' own spread of that factor, is its own verdict: a driver or library upgrade
+   that slows everything must not hide in the factor.
 
-`min_effect` (default 0.10) is the slowdown the gate promises to catch. The threshold on the observed ratio
-sits halfway between "no change" (1.0) and that effect, the point that splits the two hypotheses evenly: a
-true 10% slowdown is flagged whenever noise lets its median ratio land above 1.05, while a true 3% slowdown,
-real but below the promise, seldom is. Measured by tests/test_regression.py over 1000 seeded trials of 20
-rounds a side, 5% lognormal noise and 5% outlier rounds: a 10% slowdown is flagged in 97% of trials, a 3% one
-in 12%, and the same distribution on both sides in 0.2% (0.7% counting improvements). The test alone would
-flag any consistent change, however small, given enough rounds; the size condition alone would flag noise.
-Requiring a bootstrap interval bound to clear 1 + min_effect instead would miss most true 10% slowdowns (that
-bound sits below the true ratio almost always); the interval is still computed (seeded, so repeatable) and
-reported so a reader can see the uncertainty. alpha = 0.001 was measured too: it misses about 8% of true 10%
-slowdowns at the same noise.
-
-Noise sets what a run can promise: at 10% noise, 20 rounds catch a 10% slowdown only about half the time
-(more rounds fix that; a wide interval in the report shows it). And false alarms add up over many
-benchmarks, so a gate should re-measure a flagged benchmark before failing on it.
-
-IMPROVEMENT is the mirror image (faster beyond noise, ratio <= 1 / (1 + min_effect / 2)). Fewer than
-MIN_ROUNDS rounds on either side gives INSUFFICIENT_DATA, which is never a failure.
-
-The Mann-Whitney test is implemented here (normal approximation with tie and continuity corrections, the
-same as scipy's `mannwhitneyu(method="asymptotic")`) so the plugin does not depend on scipy.
+A flagged benchmark is measured again in the same session (gate.py); `confirm` judges the second
+measurement at ALPHA over the flagged ones, and only a confirmed regression fails the gate.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from statistics import NormalDist
 
 import numpy as np
 
@@ -42,133 +40,181 @@ REGRESSION = "regression"
 IMPROVEMENT = "improvement"
 UNCHANGED = "unchanged"
 INSUFFICIENT_DATA = "insufficient data"
-MIN_ROUNDS = 5
-DEFAULT_MIN_EFFECT = 0.10
-DEFAULT_ALPHA = 0.01
-CONFIDENCE = 0.95
-BOOTSTRAP_RESAMPLES = 1000
-_BOOTSTRAP_SEED = 20240531
+MACHINE_SLOWDOWN = "machine-wide slowdown"
+DEFAULT_THRESHOLD = 0.10
+DEFAULT_TOLERANCE = 0.25
+ALPHA = 0.05
+POWER = 0.95
+MIN_RUNS = 3  # baseline runs a benchmark needs before the gate judges it
+MIN_FOR_FACTOR = 5  # benchmarks needed to tell a machine factor from one benchmark's change
+PRIOR_DF = 4
+MIN_SPREAD = 0.005  # timer resolution and rounding: no benchmark is trusted to repeat within 0.5%
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
-    baseline_median: float
+class BenchVerdict:
+    name: str
+    baseline_median: float  # seconds per iteration: the centre of the baseline runs
     current_median: float
-    ratio: float  # current / baseline median time: > 1 is slower
-    verdict: str  # REGRESSION, IMPROVEMENT, UNCHANGED or INSUFFICIENT_DATA
-    p_value: float | None  # one-sided, in the direction of the observed change; None without enough data
-    ci_low: float | None  # CONFIDENCE interval of the median ratio (bootstrap)
-    ci_high: float | None
-    baseline_rounds: int
-    current_rounds: int
+    ratio: float  # current / baseline: > 1 is slower
+    relative: float  # ratio / machine factor: what the verdict judges
+    spread: float  # between-run spread (standard deviation of the log time, about a fraction)
+    detectable: float  # the slowdown caught 95% of the time at this spread (fraction), nan when not judged
+    runs: int  # baseline runs that hold this benchmark
+    verdict: str
+    remeasured: float | None = None  # relative ratio of the second measurement of a flagged benchmark
+    critical: float = math.nan  # t critical value of the first judgement
+    error: float = math.nan  # standard error of a run's log-ratio
 
 
-def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
-    """U statistic of x and the one-sided p-value that x tends to be larger than y.
-
-    Normal approximation with tie correction and continuity correction (scipy's "asymptotic" method).
-    """
-    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    nx, ny = a.size, b.size
-    n = nx + ny
-    _, inverse, counts = np.unique(np.concatenate([a, b]), return_inverse=True, return_counts=True)
-    # Average rank of each distinct value: tied values share the mean of the ranks they span.
-    ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]
-    u = float(ranks[:nx].sum() - nx * (nx + 1) / 2.0)
-    tie_term = float((counts**3 - counts).sum()) / (n * (n - 1))
-    sigma = math.sqrt(nx * ny / 12.0 * ((n + 1) - tie_term))
-    if sigma == 0.0:
-        return u, 1.0  # every value is the same: no evidence either way
-    z = (u - nx * ny / 2.0 - 0.5) / sigma
-    return u, 0.5 * math.erfc(z / math.sqrt(2.0))
+@dataclasses.dataclass(frozen=True)
+class MachineVerdict:
+    factor: float  # this run's time / the baseline's, across every benchmark judged (> 1: slower)
+    spread: float  # between-run spread of that factor in the baseline (fraction)
+    compared: int
+    tolerance: float
+    verdict: str  # MACHINE_SLOWDOWN or UNCHANGED
 
 
-def _bootstrap_medians(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    resampled = np.sort(values[rng.integers(0, values.size, size=(BOOTSTRAP_RESAMPLES, values.size))], axis=1)
-    return (resampled[:, (values.size - 1) // 2] + resampled[:, values.size // 2]) / 2.0
+@dataclasses.dataclass(frozen=True)
+class GateResult:
+    rows: list[BenchVerdict]
+    machine: MachineVerdict | None  # None: too few benchmarks to estimate a factor
+    missing: list[str]  # in the baseline, not in this run
+    new: list[str]  # in this run, not in the baseline
+    threshold: float
+
+    @property
+    def flagged(self) -> list[BenchVerdict]:
+        return [r for r in self.rows if r.verdict == REGRESSION]
+
+    @property
+    def unpromised(self) -> list[BenchVerdict]:
+        """Benchmarks where a slowdown of `threshold` would likely go unseen."""
+        return [r for r in self.rows if r.detectable > self.threshold]
 
 
-def median_ratio_ci(
-    baseline: Sequence[float], current: Sequence[float], confidence: float = CONFIDENCE
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of median(current) / median(baseline); seeded, so repeatable."""
-    rng = np.random.default_rng(_BOOTSTRAP_SEED)
-    b, c = np.asarray(baseline, dtype=float), np.asarray(current, dtype=float)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(_bootstrap_medians(c, rng) / _bootstrap_medians(b, rng), [tail, 1.0 - tail])
-    return float(low), float(high)
+@functools.lru_cache(maxsize=256)
+def t_quantile(p: float, df: float) -> float:
+    """Student's t quantile (no scipy in the plugin): bisection on the CDF, itself a Simpson integral."""
+    if not (0.5 <= p < 1 and df > 0):
+        raise ValueError(f"t_quantile: need 0.5 <= p < 1 and df > 0, got {p} and {df}")
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def upper_tail(t: float) -> float:
+        x = np.linspace(0.0, t, 4001)
+        pdf = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
+        h = t / 4000
+        integral = h / 3 * (pdf[0] + pdf[-1] + 4 * pdf[1:-1:2].sum() + 2 * pdf[2:-1:2].sum())
+        return 0.5 - float(integral)
+
+    low, high = 0.0, 1.0
+    while upper_tail(high) > 1 - p:
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if upper_tail(mid) > 1 - p else (low, mid)
+    return (low + high) / 2
 
 
-def _check_samples(name: str, samples: Sequence[float]) -> np.ndarray:
-    values = np.asarray(samples, dtype=float)
-    if values.ndim != 1 or not np.all(np.isfinite(values)) or np.any(values <= 0):
-        raise ValueError(f"compare: {name} samples must be a flat list of positive finite times in seconds")
-    return values
+def _chi2_median_over_df(df: np.ndarray) -> np.ndarray:
+    """median(chi2(df)) / df (Wilson-Hilferty), to turn a median of sample variances into a variance."""
+    return (1 - 2 / (9 * df)) ** 3
 
 
-def compare(
-    baseline_samples: Sequence[float],
-    current_samples: Sequence[float],
-    min_effect: float = DEFAULT_MIN_EFFECT,
-    alpha: float = DEFAULT_ALPHA,
-) -> Verdict:
-    """Judge current round times against the baseline's (see the module docstring for the rule)."""
-    if not (min_effect > 0 and 0 < alpha < 1):
-        raise ValueError(f"compare: need min_effect > 0 and 0 < alpha < 1, got {min_effect} and {alpha}")
-    base = _check_samples("baseline", baseline_samples)
-    cur = _check_samples("current", current_samples)
-    base_median = float(np.median(base)) if base.size else math.nan
-    cur_median = float(np.median(cur)) if cur.size else math.nan
-    ratio = cur_median / base_median if base.size and cur.size else math.nan
-    if base.size < MIN_ROUNDS or cur.size < MIN_ROUNDS:
-        return Verdict(
-            base_median, cur_median, ratio, INSUFFICIENT_DATA, None, None, None, base.size, cur.size
-        )
-    slower = ratio >= 1.0
-    _, p_value = mann_whitney_greater(cur, base) if slower else mann_whitney_greater(base, cur)
-    threshold = 1.0 + min_effect / 2.0
-    verdict = UNCHANGED
-    if p_value < alpha and slower and ratio >= threshold:
-        verdict = REGRESSION
-    elif p_value < alpha and not slower and ratio <= 1.0 / threshold:
-        verdict = IMPROVEMENT
-    ci_low, ci_high = median_ratio_ci(base, cur)
-    return Verdict(base_median, cur_median, ratio, verdict, p_value, ci_low, ci_high, base.size, cur.size)
+def _run_factors(logs: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    return np.nanmedian(logs - centre, axis=1)
 
 
-def _format_time(seconds: float) -> str:
-    if math.isnan(seconds):
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-def format_table(rows: Sequence[tuple[str, Verdict]]) -> str:
-    """The terminal summary: one aligned line per (benchmark name, verdict)."""
-    header = ("benchmark", "baseline", "now", "ratio", f"{CONFIDENCE:.0%} CI", "p", "verdict")
-    lines = [header]
-    for name, v in rows:
-        has_stats = v.p_value is not None
-        lines.append(
-            (
-                name,
-                _format_time(v.baseline_median),
-                _format_time(v.current_median),
-                "-" if math.isnan(v.ratio) else f"{v.ratio:.3f}x",
-                f"{v.ci_low:.3f}-{v.ci_high:.3f}" if has_stats else "-",
-                f"{v.p_value:.2g}" if has_stats else "-",
-                v.verdict,
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    # Names and verdicts read left to right; numbers line up on the right.
-    left = {0, len(header) - 1}
-    return "\n".join(
-        "  ".join(
-            cell.ljust(w) if i in left else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
-        ).rstrip()
-        for line in lines
+def judge(
+    baseline_runs: Sequence[Mapping[str, float]],
+    current: Mapping[str, float],
+    threshold: float = DEFAULT_THRESHOLD,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> GateResult:
+    """Verdicts for this run's medians (seconds per iteration, by benchmark) against the baseline runs'."""
+    if not (0 < threshold < 1 and tolerance > 0):
+        raise ValueError(f"judge: need 0 < threshold < 1 and tolerance > 0, got {threshold}, {tolerance}")
+    recorded = set().union(*baseline_runs) if baseline_runs else set()
+    common = sorted(set(current) & recorded)
+    counts = {name: sum(name in run for run in baseline_runs) for name in common}
+    judged = [name for name in common if counts[name] >= MIN_RUNS]
+    rows = [
+        _unjudged(name, baseline_runs, current[name], counts[name]) for name in common if name not in judged
+    ]
+    machine = None
+    if judged:
+        judged_rows, machine = _judge_all(judged, baseline_runs, current, threshold, tolerance)
+        rows.extend(judged_rows)
+    rows.sort(key=lambda r: r.name)
+    return GateResult(
+        rows, machine, sorted(recorded - set(current)), sorted(set(current) - recorded), threshold
     )
+
+
+def _unjudged(name: str, runs: Sequence[Mapping[str, float]], now: float, count: int) -> BenchVerdict:
+    base = math.exp(float(np.mean([math.log(run[name]) for run in runs if name in run])))
+    return BenchVerdict(name, base, now, now / base, math.nan, math.nan, math.nan, count, INSUFFICIENT_DATA)
+
+
+def _judge_all(
+    names: list[str],
+    runs: Sequence[Mapping[str, float]],
+    current: Mapping[str, float],
+    threshold: float,
+    tolerance: float,
+) -> tuple[list[BenchVerdict], MachineVerdict | None]:
+    logs = np.array([[math.log(run[n]) if n in run else np.nan for n in names] for run in runs])
+    now = np.log([current[n] for n in names])
+    with_factor = len(names) >= MIN_FOR_FACTOR
+    centre = np.nanmedian(logs, axis=0)
+    run_factor = _run_factors(logs, centre) if with_factor else np.zeros(len(runs))
+    adjusted = logs - run_factor[:, None]
+    centre = np.nanmean(adjusted, axis=0)
+    n_runs = np.sum(~np.isnan(adjusted), axis=0)
+    df = n_runs - 1.0
+    variance = np.nansum((adjusted - centre) ** 2, axis=0) / df
+    pooled = float(np.median(variance / _chi2_median_over_df(df)))
+    spread = np.maximum(np.sqrt((PRIOR_DF * pooled + df * variance) / (PRIOR_DF + df)), MIN_SPREAD)
+    error = spread * np.sqrt(1 + 1 / n_runs)
+    factor = float(np.median(now - centre)) if with_factor else 0.0
+    effect = now - centre - factor
+    size = math.log1p(threshold / 2)
+    z_power = NormalDist().inv_cdf(POWER)
+    rows = []
+    for i, name in enumerate(names):
+        critical = t_quantile(1 - ALPHA / len(names), PRIOR_DF + df[i])
+        score = effect[i] / error[i]
+        verdict = UNCHANGED
+        if score > critical and effect[i] >= size:
+            verdict = REGRESSION
+        elif score < -critical and effect[i] <= -size:
+            verdict = IMPROVEMENT
+        detectable = math.expm1(max(critical * error[i], size) + z_power * error[i])
+        rows.append(
+            BenchVerdict(
+                name, math.exp(centre[i]), current[name], math.exp(now[i] - centre[i]), math.exp(effect[i]),
+                float(spread[i]), detectable, int(n_runs[i]), verdict, critical=critical,
+                error=float(error[i]),
+            )
+        )  # fmt: skip
+    if not with_factor:
+        return rows, None
+    factor_spread = max(float(np.std(run_factor, ddof=1)), MIN_SPREAD) if len(runs) > 1 else MIN_SPREAD
+    beyond_spread = factor > t_quantile(1 - ALPHA, max(len(runs) - 1, 1)) * factor_spread * math.sqrt(
+        1 + 1 / len(runs)
+    )
+    slower = math.exp(factor) > 1 + tolerance and beyond_spread
+    machine = MachineVerdict(
+        math.exp(factor), factor_spread, len(names), tolerance, MACHINE_SLOWDOWN if slower else UNCHANGED
+    )
+    return rows, machine
+
+
+def confirm(row: BenchVerdict, median: float, factor: float, flagged: int, threshold: float) -> BenchVerdict:
+    """The flagged ``row`` with its second measurement (``median`` seconds): still a REGRESSION only when
+    the second measurement is one too, at ALPHA over the ``flagged`` benchmarks measured again."""
+    effect = math.log(median / row.baseline_median) - math.log(factor)
+    critical = t_quantile(1 - ALPHA / max(flagged, 1), PRIOR_DF + row.runs - 1)
+    holds = effect / row.error > critical and effect >= math.log1p(threshold / 2)
+    return dataclasses.replace(row, remeasured=math.exp(effect), verdict=REGRESSION if holds else UNCHANGED)

@@ -1,0 +1,68 @@
+"""The timing schedule of distributed benchmarks: warm-up, a batch size calibrated on warm rounds, rounds
+that honour pytest-benchmark's options, and no CPU benchmark of more ranks than usable cores."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+
+import torch
+
+from pytest_collectives.bench import ROUND_FLOOR_S, WARMUP_ITERATIONS, BenchSpec, RankBenchmark, calibrate
+
+
+def test_the_batch_is_sized_on_warm_rounds_not_on_a_cold_first_call():
+    calls = []
+
+    def op():  # the first calls are slow (a first connection, a cold cache), then 1 ms
+        calls.append(None)
+        time.sleep(0.05 if len(calls) <= WARMUP_ITERATIONS else 0.001)
+
+    spec = BenchSpec(enabled=True, min_rounds=3, max_time_s=0.05, min_time_s=0.004)
+    bench = RankBenchmark(spec, torch.device("cpu"))
+    bench(op)
+    assert bench.iterations <= 4  # a round of --benchmark-min-time (4 ms) holds at most 4 calls of 1 ms
+    assert len(bench.samples) >= 3
+    assert all(0.001 <= s < 0.05 for s in bench.samples)  # per iteration, never a cold one
+    assert bench.result()["iterations"] == bench.iterations
+
+
+def test_calibration_grows_the_batch_until_a_round_is_long_enough():
+    iterations, round_s = calibrate(lambda: time.sleep(0.0002), torch.device("cpu"), 0.01)
+    assert iterations >= 10 and round_s >= 0.01
+
+
+def test_the_spec_follows_pytest_benchmarks_options():
+    class Fixture:  # the attributes pytest-benchmark's BenchmarkFixture sets from its options
+        disabled, _min_rounds, _max_time, _min_time, _warmup = False, 7, 0.5, 0.02, 1000
+
+    spec = BenchSpec.from_fixture(Fixture())
+    assert (spec.min_rounds, spec.max_time_s, spec.round_s, spec.warmup_iterations) == (7, 0.5, 0.02, 1000)
+    Fixture._warmup, Fixture._min_time = False, 5e-6
+    spec = BenchSpec.from_fixture(Fixture())
+    assert spec.warmup_iterations == WARMUP_ITERATIONS and spec.round_s == ROUND_FLOOR_S
+
+
+def test_cpu_benchmarks_never_run_more_ranks_than_usable_cores(pytester, monkeypatch):
+    pytester.makepyfile(
+        test_it=textwrap.dedent(
+            """
+            import pytest
+
+            @pytest.mark.world_size(2, 3)
+            def test_bench(pg, benchmark):
+                benchmark(lambda: None)
+
+            @pytest.mark.world_size(2, 3)
+            def test_plain(pg):
+                pass
+            """
+        )
+    )
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    result = pytester.runpytest("-rs", "--benchmark-disable")
+    result.assert_outcomes(passed=3, skipped=1)
+    result.stdout.fnmatch_lines(
+        ["SKIPPED * benchmark of 3 CPU ranks on 2 usable core(s) would time the scheduler, not the comm*"]
+    )
