@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def test_collective(pg, benchmark, op, nbytes):
     t = torch.ones(nbytes // 4)
     out = torch.empty(2 * t.numel())
     plant = os.environ.get("PLANT", "")
-    reps = 5 if plant in ("all", f"{op}-{nbytes}") else 4
+    reps = int(os.environ.get("PLANT_REPS", "5")) if plant in ("all", f"{op}-{nbytes}") else 4
     def call():
         for _ in range(reps):
             OPS[op](t, out)
@@ -47,8 +48,8 @@ def test_collective(pg, benchmark, op, nbytes):
 """
 
 
-def session(where: Path, max_time: float, *args: str, plant: str = "") -> dict:
-    env = {**os.environ, "PLANT": plant}
+def session(where: Path, max_time: float, *args: str, plant: str = "", reps: int = 5) -> dict:
+    env = {**os.environ, "PLANT": plant, "PLANT_REPS": str(reps)}
     cmd = [
         sys.executable,
         "-m",
@@ -67,6 +68,12 @@ def session(where: Path, max_time: float, *args: str, plant: str = "") -> dict:
     data = json.loads(report.read_text())
     report.unlink()
     return data
+
+
+def why(data: dict) -> str:
+    """What failed a session: the confirmed regressions and the machine-wide verdict."""
+    flagged = [b["name"].split("[")[1][:-1] for b in data["benchmarks"] if b["verdict"] == "regression"]
+    return f"regressions {flagged}, machine {data['machine']['factor']:.3f}x {data['machine']['verdict']}"
 
 
 def gate_cost(benchmarks: int = 1000, runs: int = 5) -> float:
@@ -91,7 +98,18 @@ def main() -> None:
     parser.add_argument("--unchanged", type=int, default=20)
     parser.add_argument("--planted", type=int, default=20)
     parser.add_argument("--max-time", type=float, default=0.2)
-    parser.add_argument("--target", default="all_reduce-65536", help="the benchmark slowed down: op-nbytes")
+    parser.add_argument(
+        "--plant-reps",
+        type=int,
+        default=5,
+        help="collectives per call when planted (4 unplanted): 5 is 25%% slower",
+    )
+    parser.add_argument(
+        "--target",
+        default="auto",
+        help="the benchmark slowed down, as op-nbytes (default: the one whose detectable slowdown the first "
+        "unchanged session says is smallest)",
+    )
     opts = parser.parse_args()
     print(f"gate cost: {gate_cost():.3f} s to judge 1000 benchmarks against 5 runs and write its tables")
     where = Path(tempfile.mkdtemp(prefix="gate-sessions-"))
@@ -101,35 +119,35 @@ def main() -> None:
     for _ in range(3):
         session(where, opts.max_time, "--baseline-save")
     gate = ("--fail-on-regression", "--gate-report", "gate")
-    target = (
-        f"test_gate_sessions.py::test_collective[ws2-{opts.target.split('-')[1]}-{opts.target.split('-')[0]}]"
-    )
-    false_alarms = 0
-    for i in range(opts.unchanged):
+    false_alarms, first = 0, None
+    for i in range(max(opts.unchanged, 1)):
         data = session(where, opts.max_time, *gate)
-        flagged = [b["name"] for b in data["benchmarks"] if b["verdict"] == "regression"]
+        first = first or data
+        if i >= opts.unchanged:  # only a probe for the target
+            break
         false_alarms += data["verdict"] == "fail"
-        print(
-            f"unchanged {i + 1}: {data['verdict']}, machine {data['machine']['factor']:.3f}x, "
-            f"flagged {flagged}"
-        )
+        print(f"unchanged {i + 1}: {data['verdict']}; {why(data)}")
+    if opts.target == "auto":
+        target = min(first["benchmarks"], key=lambda b: b["detectable"] or math.inf)["name"]
+        nbytes, op = target.split("[ws2-")[1].rstrip("]").split("-")
+    else:
+        op, nbytes = opts.target.split("-")
+        target = f"test_gate_sessions.py::test_collective[ws2-{nbytes}-{op}]"
     caught = 0
     for i in range(opts.planted):
-        data = session(where, opts.max_time, *gate, plant=opts.target)
+        data = session(where, opts.max_time, *gate, plant=f"{op}-{nbytes}", reps=opts.plant_reps)
         row = next(b for b in data["benchmarks"] if b["name"] == target)
         caught += data["verdict"] == "fail" and row["verdict"] == "regression"
         print(
             f"planted {i + 1}: {data['verdict']}, {target} {row['relative']:.3f}x (detects >= "
-            f"{row['detectable']:.0%}), again {row['remeasured']}"
+            f"{row['detectable']:.0%}), again {row['remeasured']}; {why(data)}"
         )
-    data = session(where, opts.max_time, *gate, plant="all")
+    data = session(where, opts.max_time, *gate, plant="all", reps=5)
+    machine = data["machine"]
+    print(f"uniform 25%: {data['verdict']}, machine {machine['factor']:.3f}x {machine['verdict']}")
     print(
-        f"uniform 25%: {data['verdict']}, machine {data['machine']['factor']:.3f}x "
-        f"{data['machine']['verdict']}"
-    )
-    print(
-        f"\nfalse alarms: {false_alarms} of {opts.unchanged} unchanged sessions; planted 25% slowdown of "
-        f"{target}: caught in {caught} of {opts.planted}; uniform 25%: {data['machine']['verdict']} "
+        f"\nfalse alarms: {false_alarms} of {opts.unchanged} unchanged sessions; planted {opts.plant_reps}/4 "
+        f"slowdown of {target}: caught in {caught} of {opts.planted}; uniform 25%: {machine['verdict']} "
         f"({time.time() - start:.0f} s, scratch {where})"
     )
 

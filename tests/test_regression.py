@@ -15,6 +15,7 @@ from pytest_collectives.regression import (
     REGRESSION,
     UNCHANGED,
     confirm,
+    family,
     judge,
     t_quantile,
 )
@@ -144,6 +145,32 @@ def test_a_regression_stands_only_when_measured_again():
     assert again.verdict == REGRESSION and again.remeasured == pytest.approx(row.relative)
     passing = confirm(row, row.baseline_median * factor, factor, 1, result.threshold)
     assert passing.verdict == UNCHANGED and passing.remeasured == pytest.approx(1.0)
+
+
+def test_a_family_is_one_op_at_every_message_size():
+    assert family("t.py::test_all_reduce[ws2-1MiB-ring]") == family("t.py::test_all_reduce[ws2-8B-ring]")
+    assert family("t.py::test_c[ws2-16384-all_gather]") == "t.py::test_c[ws2-*-all_gather]"
+    assert family("t.py::test_all_reduce[ws2-1MiB-ring]") != family("t.py::test_all_reduce[ws4-1MiB-ring]")
+    assert family("t.py::test_send_latency[ws2-send_recv]") == "t.py::test_send_latency[ws2-send_recv]"
+
+
+def test_a_noisy_family_is_not_called_quiet_by_a_quiet_one():
+    """gloo on 2 cores: all_gather moves 30-80% between sessions, broadcast 5-15%; a noisy benchmark whose
+    three runs happened to agree must not borrow the quiet family's spread."""
+    sessions = Sessions(seed=11, n=40)
+    sessions.names = [
+        f"t.py::test_c[ws2-{256 << (i % 20)}-{'noisy' if i < 20 else 'quiet'}]" for i in range(40)
+    ]
+    sessions.sigma = np.where(np.arange(40) < 20, 0.4, 0.02)
+    noisy = quiet = 0
+    for _ in range(100):
+        base = sessions.baseline()
+        flagged = judge(base, sessions.run()).flagged
+        noisy += any("noisy" in r.name for r in flagged)
+        planted = judge(base, sessions.run(slower={30: 1.4})).flagged
+        quiet += [r.name for r in planted] == [sessions.names[30]]
+    assert noisy <= 5
+    assert quiet >= 80
 
 
 def test_bad_arguments():

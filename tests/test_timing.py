@@ -9,7 +9,14 @@ import time
 
 import torch
 
-from pytest_collectives.bench import ROUND_FLOOR_S, WARMUP_ITERATIONS, BenchSpec, RankBenchmark, calibrate
+from pytest_collectives.bench import (
+    ROUND_FLOOR_S,
+    WARMUP_ITERATIONS,
+    BenchSpec,
+    RankBenchmark,
+    calibrate,
+    warm_up,
+)
 
 
 def test_the_batch_is_sized_on_warm_rounds_not_on_a_cold_first_call():
@@ -31,6 +38,15 @@ def test_the_batch_is_sized_on_warm_rounds_not_on_a_cold_first_call():
 def test_calibration_grows_the_batch_until_a_round_is_long_enough():
     iterations, round_s = calibrate(lambda: time.sleep(0.0002), torch.device("cpu"), 0.01)
     assert iterations >= 10 and round_s >= 0.01
+
+
+def test_warm_up_runs_the_iterations_asked_unless_time_runs_out():
+    calls = []
+    warm_up(lambda: calls.append(None), torch.device("cpu"), 1000, max_time_s=10.0)
+    assert len(calls) == 1000
+    calls.clear()
+    warm_up(lambda: (calls.append(None), time.sleep(0.01)), torch.device("cpu"), 100_000, max_time_s=0.05)
+    assert WARMUP_ITERATIONS <= len(calls) < 100_000
 
 
 def test_the_spec_follows_pytest_benchmarks_options():

@@ -162,7 +162,7 @@ class RankBenchmark:
             self.samples = []
             return fn(*args, **kwargs)
         call = functools.partial(fn, *args, **kwargs)
-        measure(call, self.device, 1, self.spec.warmup_iterations)
+        warm_up(call, self.device, self.spec.warmup_iterations, self.spec.max_time_s)
         self.iterations, round_s = calibrate(call, self.device, self.spec.round_s)
         rounds = rounds_for(round_s, self.spec.min_rounds, self.spec.max_time_s)
         times, result = measure(call, self.device, rounds, self.iterations)
@@ -174,6 +174,16 @@ class RankBenchmark:
         if self.samples is None:
             return None
         return {"samples": self.samples, "iterations": self.iterations, "extra_info": self.extra_info}
+
+
+def warm_up(call: Callable[[], Any], device: Any, iterations: int, max_time_s: float) -> None:
+    """``iterations`` back-to-back calls in growing batches, or as many as fit in ``max_time_s`` (as
+    pytest-benchmark bounds its warm-up by the time of the rounds)."""
+    done, spent, batch = 0, 0.0, WARMUP_ITERATIONS
+    while done < iterations and spent < max_time_s:
+        step = min(batch, iterations - done)
+        (elapsed,), _ = measure(call, device, 1, step)
+        done, spent, batch = done + step, spent + elapsed, 2 * batch
 
 
 def calibrate(call: Callable[[], Any], device: Any, round_s: float) -> tuple[int, float]:

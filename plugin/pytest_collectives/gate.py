@@ -218,11 +218,15 @@ class BaselineGate:
         machine_wide = result.machine is not None and result.machine.verdict == MACHINE_SLOWDOWN
         judged = [r for r in result.rows if r.runs >= MIN_RUNS]
         if not judged:
-            self._unarmed(f"the baseline {base.path} holds {len(base.runs)} run(s) of these benchmarks")
+            self._unarmed(
+                f"the baseline {base.path} holds fewer than {MIN_RUNS} runs of this run's benchmarks "
+                f"({len(base.runs)} run(s) in all)"
+            )
         for row in regressions:
             factor = result.machine.factor if result.machine else 1.0
+            again = f", again {row.remeasured:.3f}x" if row.remeasured is not None else ""
             self.lines.append(
-                f"REGRESSION {row.name}: {row.relative:.3f}x, again {row.remeasured or float('nan'):.3f}x "
+                f"REGRESSION {row.name}: {row.relative:.3f}x{again} "
                 f"(between-run spread {row.spread:.1%}, machine factor {factor:.3f}x)"
             )
         verdicts = [f"{len(regressions)} confirmed regression(s)"] if regressions else []

@@ -9,8 +9,11 @@ several runs:
    log-ratio to the baseline's centre. It is what a faster or slower machine of the same topology, or a
    quieter day, does to everything at once. Every benchmark is then judged relative to its run's factor.
 2. Between-run spread. A benchmark's spread is the standard deviation of its factor-adjusted run medians.
-   With 3-5 runs that estimate alone is poor, so it is shrunk towards the spread typical of all benchmarks
-   (a moderated variance, as limma does: PRIOR_DF pseudo-runs at the pooled value), floored at MIN_SPREAD.
+   With 3-5 runs that estimate alone is poor, so it is shrunk towards the spread typical of its family (a
+   moderated variance, as limma does: PRIOR_DF pseudo-runs at the pooled value), floored at MIN_SPREAD. A
+   family is the benchmarks that differ only in message size (`family`): one op on one backend is noisy
+   or quiet at every size alike (on a 2-core box gloo's all_gather moves 30-80% between sessions while
+   its broadcast moves 5-15%), so pooling across ops would call the noisy ones quiet.
 3. Verdict. A benchmark is a REGRESSION when its factor-adjusted log-ratio exceeds the t critical value for
    a one-sided test at ALPHA / N (Bonferroni over the N benchmarks judged: an unchanged session is flagged
    in at most ALPHA of sessions, whatever N) *and* its adjusted ratio is at least 1 + threshold / 2 (a real
@@ -31,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 
@@ -117,6 +121,28 @@ def t_quantile(p: float, df: float) -> float:
     return (low + high) / 2
 
 
+_SIZE = re.compile(r"(?<=[\[-])\d+(?:[KMG]i)?B?(?=[-\]])")
+
+
+def family(name: str) -> str:
+    """The benchmark's name without its message-size parameter (``8B``, ``4KiB``, ``1MiB``, ``65536``)."""
+    return _SIZE.sub("*", name)
+
+
+def _pooled(variance: np.ndarray, df: np.ndarray, names: list[str]) -> np.ndarray:
+    """Each benchmark's prior variance: the median over its family (of 3 or more), else over all."""
+    scaled = variance / _chi2_median_over_df(df)
+    overall = float(np.median(scaled))
+    members: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        members.setdefault(family(name), []).append(i)
+    prior = np.full(len(names), overall)
+    for group in members.values():
+        if len(group) >= 3:
+            prior[group] = float(np.median(scaled[group]))
+    return prior
+
+
 def _chi2_median_over_df(df: np.ndarray) -> np.ndarray:
     """median(chi2(df)) / df (Wilson-Hilferty), to turn a median of sample variances into a variance."""
     return (1 - 2 / (9 * df)) ** 3
@@ -174,7 +200,7 @@ def _judge_all(
     n_runs = np.sum(~np.isnan(adjusted), axis=0)
     df = n_runs - 1.0
     variance = np.nansum((adjusted - centre) ** 2, axis=0) / df
-    pooled = float(np.median(variance / _chi2_median_over_df(df)))
+    pooled = _pooled(variance, df, names)
     spread = np.maximum(np.sqrt((PRIOR_DF * pooled + df * variance) / (PRIOR_DF + df)), MIN_SPREAD)
     error = spread * np.sqrt(1 + 1 / n_runs)
     factor = float(np.median(now - centre)) if with_factor else 0.0
