@@ -95,13 +95,6 @@ class Run:
     commit: str | None
     benchmarks: dict[str, Summary]
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "created": self.created,
-            "commit": self.commit,
-            "benchmarks": {name: s.to_json() for name, s in self.benchmarks.items()},
-        }
-
 
 @dataclasses.dataclass(frozen=True)
 class Baseline:
@@ -109,10 +102,6 @@ class Baseline:
     topology_id: str
     fingerprint: Fingerprint
     runs: tuple[Run, ...]  # oldest first
-
-    @property
-    def names(self) -> set[str]:
-        return {name for run in self.runs for name in run.benchmarks}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +307,11 @@ def render(topology: str, fingerprint: Fingerprint, runs: Sequence[Run]) -> str:
         "topology_id": topology,
         "fingerprint": fingerprint.to_json(),
         "runs": [
-            {**run.to_json(), "benchmarks": {n: one_line(s) for n, s in run.benchmarks.items()}}
+            {
+                "created": run.created,
+                "commit": run.commit,
+                "benchmarks": {n: one_line(s) for n, s in run.benchmarks.items()},
+            }
             for run in runs
         ],
     }

@@ -216,18 +216,16 @@ class BaselineGate:
         self._say_lists(result)
         regressions = result.flagged
         machine_wide = result.machine is not None and result.machine.verdict == MACHINE_SLOWDOWN
-        judged = [r for r in result.rows if r.runs >= MIN_RUNS]
-        if not judged:
+        if not result.judged:
             self._unarmed(
                 f"the baseline {base.path} holds fewer than {MIN_RUNS} runs of this run's benchmarks "
                 f"({len(base.runs)} run(s) in all)"
             )
         for row in regressions:
-            factor = result.machine.factor if result.machine else 1.0
             again = f", again {row.remeasured:.3f}x" if row.remeasured is not None else ""
             self.lines.append(
                 f"REGRESSION {row.name}: {row.relative:.3f}x{again} "
-                f"(between-run spread {row.spread:.1%}, machine factor {factor:.3f}x)"
+                f"(between-run spread {row.spread:.1%}, machine factor {result.factor:.3f}x)"
             )
         verdicts = [f"{len(regressions)} confirmed regression(s)"] if regressions else []
         verdicts += ["a machine-wide slowdown"] if machine_wide else []
@@ -302,7 +300,6 @@ class BaselineGate:
             return
         bs = self.config._benchmarksession
         items = {item.nodeid: item for item in session.items}
-        factor = result.machine.factor if result.machine else 1.0
         for row in flagged:
             item, before = items.get(row.name), len(bs.benchmarks)
             if item is not None:
@@ -313,12 +310,11 @@ class BaselineGate:
                 self.lines.append(f"{row.name}: could not be measured again; the first measurement stands")
                 continue
             median = BenchmarkEntry.from_samples(again[-1].stats.data).median
-            confirmed = confirm(row, median, factor, len(flagged), result.threshold)
+            confirmed = confirm(row, median, result.factor, len(flagged), result.threshold)
             result.rows[result.rows.index(row)] = confirmed
 
     def _write_reports(self) -> None:
-        failed = self.failed or self.error is not None
-        text = gate_report.markdown(self.result, self.lines, failed)
+        text = gate_report.markdown(self.result, self.lines, self.failed)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
             with open(summary, "a", encoding="utf-8") as f:
@@ -329,7 +325,7 @@ class BaselineGate:
         data = gate_report.to_json(
             self.result,
             self.lines,
-            failed,
+            self.failed,
             topology_id=topology_id(self.fingerprint) if self.fingerprint else None,
             baseline=str(self.baseline_path) if self.baseline_path else None,
         )

@@ -89,6 +89,15 @@ class GateResult:
     threshold: float
 
     @property
+    def factor(self) -> float:
+        """This run's machine factor; 1 when too few benchmarks to estimate one."""
+        return self.machine.factor if self.machine else 1.0
+
+    @property
+    def judged(self) -> list[BenchVerdict]:
+        return [r for r in self.rows if r.runs >= MIN_RUNS]
+
+    @property
     def flagged(self) -> list[BenchVerdict]:
         return [r for r in self.rows if r.verdict == REGRESSION]
 
