@@ -29,7 +29,9 @@ def test_the_batch_is_sized_on_warm_rounds_not_on_a_cold_first_call():
     spec = BenchSpec(enabled=True, min_rounds=3, max_time_s=0.05, min_time_s=0.004)
     bench = RankBenchmark(spec, torch.device("cpu"))
     bench(op)
-    assert bench.iterations <= 4  # a round of --benchmark-min-time (4 ms) holds at most 4 calls of 1 ms
+    # calls take at least 1 ms, so a round shorter than --benchmark-min-time (4 ms) held at most 3 and the
+    # next size is at most double that: the batch never exceeds 6 calls
+    assert bench.iterations <= 6
     assert len(bench.samples) >= 3
     assert all(0.001 <= s < 0.05 for s in bench.samples)  # per iteration, never a cold one
     assert bench.result()["iterations"] == bench.iterations
