@@ -18,11 +18,11 @@ import os
 import re
 import statistics
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_atomic
 from .topology import Fingerprint, FingerprintError, topology_id
 
 SCHEMA_VERSION = 2
@@ -358,28 +358,12 @@ def save_baseline(
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would keep a shared baseline from the rest of the team
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise BaselineError(
             f"{path}: cannot write the baseline ({e.strerror}); fix the path or its permissions"
         ) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    # The rename is durable only once the directory entry is on disk too.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 # ---------------------------------------------------------------------------------------------------------

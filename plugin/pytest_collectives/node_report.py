@@ -45,7 +45,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from . import nodecheck
+from .atomic import write_atomic
 from .nodecheck import FAIL, PASS, WARN, Check, NodeCheckError
 from .regression import DEFAULT_THRESHOLD, IMPROVEMENT, INSUFFICIENT_DATA, REGRESSION, UNCHANGED
 from .topology import Fingerprint, FingerprintError
@@ -715,21 +715,6 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> 
 # Writing
 
 
-def _write_atomic(path: Path, content: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp makes the file private; a report is for reading by whoever can read the folder.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def build_report(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, bytes | str]]:
     """The report.json document and the plots (PNG bytes or why skipped), after validating `data`."""
     _validate_data(data)
@@ -770,12 +755,12 @@ def write_report(directory: str | os.PathLike[str], data: Mapping[str, Any]) -> 
         if isinstance(plot, str):
             path.unlink(missing_ok=True)
         else:
-            _write_atomic(path, plot)
+            write_atomic(path, plot)
             written[name] = path
     for name, content in (
         (HTML_NAME, render_html(report, plots)),
         (JSON_NAME, json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n"),
     ):
-        _write_atomic(folder / name, content.encode("utf-8"))
+        write_atomic(folder / name, content.encode("utf-8"))
         written[name] = folder / name
     return written
