@@ -1,5 +1,5 @@
 """What several test modules share: how they load the plugin in a subprocess, a CPU fingerprint, JUnit
-outcomes."""
+outcomes, and the node report's input data (an 8-GPU RTX 3090 node and a CPU machine)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pytest_collectives.topology import Fingerprint
+from pytest_collectives.topology import Fingerprint, GpuInfo, parse_topo_matrix, topology_id
 
 # Load the plugin by module name, so a checkout's copy on PYTHONPATH wins over an installed one.
 PLUGIN = ["-p", "no:collectives", "-p", "pytest_collectives.hooks", "-p", "no:cacheprovider"]
@@ -33,3 +33,86 @@ def outcomes(junit: Path) -> dict[str, str]:
         kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
         result[case.get("name")] = kinds[0] if kinds else "passed"
     return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Node report data: what write_report takes
+
+DATA = Path(__file__).parent / "data"
+TOPO = parse_topo_matrix((DATA / "rtx3090x8_topo_m.txt").read_text())
+
+
+def read_p2p(path: Path) -> list[list[float]]:
+    rows = [line.split() for line in path.read_text().splitlines()[2:] if line.strip()]
+    return [[float(v) for v in row[1:]] for row in rows]
+
+
+def gpu_fingerprint() -> Fingerprint:
+    gpu = GpuInfo(name="NVIDIA GeForce RTX 3090", pcie_gen_max=4, pcie_width_max=16)
+    return Fingerprint(
+        backend="nccl",
+        torch_version="2.13.0",
+        cpu_model="AMD EPYC 7543 32-Core Processor",
+        logical_cores=64,
+        sockets=2,
+        numa_nodes=2,
+        gpus=(gpu,) * 8,
+        links=TOPO.links,
+        link_source="nvidia-smi",
+        driver_version="550.67",
+        cuda_version="12.4",
+        nccl_version="2.21.5",
+    )
+
+
+def collectives(peak: float) -> list[dict]:
+    rows = []
+    for name in ("all_reduce", "all_gather"):
+        for exponent in range(10, 27, 4):
+            size = 2**exponent
+            busbw = peak * size / (size + 2**20)
+            rows.append({"name": name, "bytes": size, "busbw_GBps": busbw, "algbw_GBps": busbw / 2})
+    return rows
+
+
+def base_data(fp: Fingerprint) -> dict:
+    return {
+        "topology_id": topology_id(fp),
+        "fingerprint": fp.to_json(),
+        "created": "2024-06-01T12:00:00+00:00",
+        "p2p": None,
+        "collectives": collectives(1.5),
+        "baseline": {"available": False, "path": None, "rows": []},
+        "tests": {"passed": 12, "failed": 0, "skipped": 1, "failures": []},
+    }
+
+
+def cpu_data() -> dict:
+    return base_data(cpu_fingerprint())
+
+
+def gpu_data() -> dict:
+    data = base_data(gpu_fingerprint())
+    data["p2p"] = {
+        "unit": "GB/s",
+        "bidirectional": True,
+        "devices": [f"GPU{i}" for i in range(8)],
+        "matrix": read_p2p(DATA / "rtx3090x8_p2p_bidir_GBps.txt"),
+        "classes": [list(row) for row in TOPO.links],
+    }
+    data["collectives"] = collectives(7.0)
+    data["baseline"] = {
+        "available": True,
+        "path": "baselines/gpu-8x/baseline.json",
+        "rows": [
+            {
+                "benchmark": f"test_all_reduce[{size}]",
+                "baseline_median_s": 0.01,
+                "now_median_s": 0.01 * ratio,
+                "ratio": ratio,
+                "verdict": verdict,
+            }
+            for size, ratio, verdict in (("1MiB", 1.01, "unchanged"), ("64MiB", 0.92, "improvement"))
+        ],
+    }
+    return data

@@ -3,9 +3,11 @@ import json
 import re
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
+import jsonschema
 import pytest
-from helpers import cpu_fingerprint
+from helpers import cpu_data, gpu_data
 
 from pytest_collectives import node_report
 from pytest_collectives.baselines import BenchmarkEntry
@@ -17,90 +19,11 @@ from pytest_collectives.node_report import (
     write_report,
 )
 from pytest_collectives.session_report import p2p_matrix
-from pytest_collectives.topology import Fingerprint, GpuInfo, parse_topo_matrix, topology_id
 
 # matplotlib is in the `test` extra; the plots are what most of this file checks.
 imread = pytest.importorskip("matplotlib.image").imread
 
-DATA = Path(__file__).parent / "data"
-TOPO = parse_topo_matrix((DATA / "rtx3090x8_topo_m.txt").read_text())
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def read_p2p(path: Path) -> list[list[float]]:
-    rows = [line.split() for line in path.read_text().splitlines()[2:] if line.strip()]
-    return [[float(v) for v in row[1:]] for row in rows]
-
-
-def gpu_fingerprint() -> Fingerprint:
-    gpu = GpuInfo(name="NVIDIA GeForce RTX 3090", pcie_gen_max=4, pcie_width_max=16)
-    return Fingerprint(
-        backend="nccl",
-        torch_version="2.13.0",
-        cpu_model="AMD EPYC 7543 32-Core Processor",
-        logical_cores=64,
-        sockets=2,
-        numa_nodes=2,
-        gpus=(gpu,) * 8,
-        links=TOPO.links,
-        link_source="nvidia-smi",
-        driver_version="550.67",
-        cuda_version="12.4",
-        nccl_version="2.21.5",
-    )
-
-
-def collectives(peak: float) -> list[dict]:
-    rows = []
-    for name in ("all_reduce", "all_gather"):
-        for exponent in range(10, 27, 4):
-            size = 2**exponent
-            busbw = peak * size / (size + 2**20)
-            rows.append({"name": name, "bytes": size, "busbw_GBps": busbw, "algbw_GBps": busbw / 2})
-    return rows
-
-
-def base_data(fp: Fingerprint) -> dict:
-    return {
-        "topology_id": topology_id(fp),
-        "fingerprint": fp.to_json(),
-        "created": "2024-06-01T12:00:00+00:00",
-        "p2p": None,
-        "collectives": collectives(1.5),
-        "baseline": {"available": False, "path": None, "rows": []},
-        "tests": {"passed": 12, "failed": 0, "skipped": 1, "failures": []},
-    }
-
-
-def cpu_data() -> dict:
-    return base_data(cpu_fingerprint())
-
-
-def gpu_data() -> dict:
-    data = base_data(gpu_fingerprint())
-    data["p2p"] = {
-        "unit": "GB/s",
-        "bidirectional": True,
-        "devices": [f"GPU{i}" for i in range(8)],
-        "matrix": read_p2p(DATA / "rtx3090x8_p2p_bidir_GBps.txt"),
-        "classes": [list(row) for row in TOPO.links],
-    }
-    data["collectives"] = collectives(7.0)
-    data["baseline"] = {
-        "available": True,
-        "path": "baselines/gpu-8x/baseline.json",
-        "rows": [
-            {
-                "benchmark": f"test_all_reduce[{size}]",
-                "baseline_median_s": 0.01,
-                "now_median_s": 0.01 * ratio,
-                "ratio": ratio,
-                "verdict": verdict,
-            }
-            for size, ratio, verdict in (("1MiB", 1.01, "unchanged"), ("64MiB", 0.92, "improvement"))
-        ],
-    }
-    return data
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +50,8 @@ def test_gpu_report_has_every_file(gpu_report):
     assert set(gpu_report) == {
         "report.json",
         "report.html",
+        "report.xml",
+        "report.md",
         "p2p_bandwidth.png",
         "busbw_vs_size.png",
         "baseline_comparison.png",
@@ -206,17 +131,29 @@ def test_failed_run_with_hostile_names_still_reports(tmp_path):
     assert report["verdict"] == "FAIL"
     failing = {c["name"] for c in report["checks"] if c["status"] == "FAIL"}
     assert failing == {"link GPU2<->GPU3", "test run", "benchmark baseline"}
-    assert (
-        "test_all_reduce[1MiB]"
-        in next(c for c in report["checks"] if c["name"] == "benchmark baseline")["reason"]
-    )
+    # The regressed benchmarks are a table, in every output, not a paragraph of ids in the reason.
+    check = next(c for c in report["checks"] if c["name"] == "benchmark baseline")
+    assert check["details"]["table"]["rows"] == [["test_all_reduce[1MiB]", "1.30x"]]
+    assert "test_all_reduce" not in check["reason"]
+    assert "<td>test_all_reduce[1MiB]</td><td>1.30x</td>" in page
+    assert "| test_all_reduce[1MiB] | 1.30x |" in files["report.md"].read_text()
+
+    # JUnit XML: one testcase per check, the FAILs as failures, hostile names escaped by the XML writer.
+    suite = ElementTree.parse(files["report.xml"]).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == [c["name"] for c in report["checks"]]
+    assert int(suite.get("tests")) == len(cases) and int(suite.get("failures")) == 3
+    failed = {c.get("name") for c in cases if c.find("failure") is not None}
+    assert failed == {"link GPU2<->GPU3", "test run", "benchmark baseline"}
+    baseline_case = next(c for c in cases if c.get("name") == "benchmark baseline")
+    assert "test_all_reduce[1MiB]  1.30x" in baseline_case.find("failure").text
 
 
 def test_a_reused_folder_loses_stale_plots(tmp_path):
     write_report(tmp_path, gpu_data())
     files = write_report(tmp_path, cpu_data())
     assert not (tmp_path / "p2p_bandwidth.png").exists()
-    assert set(files) == {"report.json", "report.html", "busbw_vs_size.png"}
+    assert set(files) == {"report.json", "report.html", "report.xml", "report.md", "busbw_vs_size.png"}
 
 
 def test_one_gpu_has_no_pairs_to_plot(tmp_path):
@@ -235,7 +172,7 @@ def test_one_gpu_has_no_pairs_to_plot(tmp_path):
 
 def test_p2p_baseline_is_used(tmp_path):
     data = gpu_data()
-    data["p2p"]["baseline"] = {"bidirectional": True, "GBps": {"NV4": 150.0, "SYS": 7.9}}
+    data["p2p"]["baseline"] = {"bidirectional": True, "GBps": {"NV4": 120.0, "SYS": 7.9}}  # NV4 at 85%
     report = read_json(write_report(tmp_path, data))
     nv4 = next(c for c in report["checks"] if c["name"] == "class NV4")
     assert nv4["status"] == "WARN" and "baseline" in nv4["reason"]
@@ -244,7 +181,7 @@ def test_p2p_baseline_is_used(tmp_path):
 def test_without_matplotlib_plots_are_skipped_with_a_reason(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
     files = write_report(tmp_path, gpu_data())
-    assert set(files) == {"report.json", "report.html"}
+    assert set(files) == {"report.json", "report.html", "report.xml", "report.md"}
     assert "matplotlib is not installed" in files["report.html"].read_text()
 
 
@@ -350,3 +287,32 @@ def test_p2p_matrix_labels_pairs_by_node(nodes):
         assert p2p["classes"][0] == ["X", "NV4", "NET", "NET"]
         assert p2p["classes"][3] == ["NET", "NET", "NV4", "X"]
         assert set(seen) == {(0, 1), (1, 0)}
+
+
+def test_markdown_and_junit_of_a_warning(tmp_path):
+    data = gpu_data()
+    data["host"] = "node-a|17"
+    data["p2p"]["baseline"] = {"bidirectional": True, "GBps": {"NV4": 120.0, "SYS": 7.9}}  # NV4 at 85%: WARN
+    files = write_report(tmp_path, data)
+    report = read_json(files)
+    markdown = files["report.md"].read_text()
+    assert markdown.startswith("### Node report: WARN\n") and "on `node-a|17`" in markdown
+    rows = [line for line in markdown.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == len(report["checks"]) and rows[0].startswith("| WARN | class NV4 |")  # worst first
+    suite = ElementTree.parse(files["report.xml"]).getroot().find("testsuite")
+    assert suite.get("failures") == "0" and suite.get("hostname") == "node-a|17"
+    warned = next(c for c in suite.findall("testcase") if c.get("name") == "class NV4")
+    assert warned.find("failure") is None and warned.find("system-out").text.startswith("WARN: ")
+    assert warned.find("properties/property").attrib == {"name": "status", "value": "WARN"}
+
+
+def test_the_published_schema_validates_report_json_with_plain_jsonschema(gpu_report):
+    # Fleet tooling reads the schema file shipped in the package, with no code of ours.
+    schema_file = Path(node_report.__file__).parent / "schemas" / "node-report.schema.json"
+    schema = json.loads(schema_file.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    report = read_json(gpu_report)
+    jsonschema.validate(report, schema)
+    report["verdict"] = "MAYBE"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(report, schema)

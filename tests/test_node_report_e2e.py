@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import textwrap
 
 import pytest
@@ -52,6 +53,8 @@ def test_a_cpu_session_writes_a_valid_report_with_its_failures(pytester, monkeyp
     report = json.loads((folder / "report.json").read_text())
     validate(report, REPORT_SCHEMA)
     assert report["verdict"] == "FAIL"  # the failing test fails the node
+    assert report["host"] == socket.gethostname() and report["preflight"] is None  # a CPU run reads no NVML
+    assert (folder / "report.xml").exists() and (folder / "report.md").exists()
     assert report["tests"]["failed"] == 1
     assert "rank 1 is broken" in report["tests"]["failures"][0]["longrepr"]
     p2p = report["p2p"]

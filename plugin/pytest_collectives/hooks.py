@@ -65,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus, can_remeasure=env is None)
     config.pluginmanager.register(baseline_gate, "collectives-gate")
     if config.getoption("node_report"):
-        report = session_report.NodeReport(config, config.getoption("node_report"))
+        report = session_report.NodeReport(config, config.getoption("node_report"), settings.gpus)
         config.pluginmanager.register(report, "collectives-node-report")
 
 

@@ -48,136 +48,35 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
+import jsonschema
 import numpy as np
 
-from . import nodecheck
+from . import nodecheck, preflight
 from .atomic import write_atomic
 from .nodecheck import FAIL, PASS, WARN, Check, NodeCheckError
 from .regression import DEFAULT_THRESHOLD, IMPROVEMENT, INSUFFICIENT_DATA, REGRESSION, UNCHANGED
+from .schemas import load_schema
 from .topology import Fingerprint, FingerprintError
 
 SCHEMA_VERSION = 1
-JSON_NAME, HTML_NAME = "report.json", "report.html"
+JSON_NAME, HTML_NAME, JUNIT_NAME, MARKDOWN_NAME = "report.json", "report.html", "report.xml", "report.md"
+# A Check whose subject is a list (e.g. the regressed benchmarks) carries it as details[TABLE], {"columns":
+# [...], "rows": [[...], ...]}, so every output shows a table rather than a paragraph of names.
+TABLE = "table"
 P2P_PLOT, BUSBW_PLOT, BASELINE_PLOT = "p2p_bandwidth.png", "busbw_vs_size.png", "baseline_comparison.png"
 PLOTS = (P2P_PLOT, BUSBW_PLOT, BASELINE_PLOT)
 VERDICTS = (REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT_DATA)
-_NUMBER = {"type": "number"}
-_STRING = {"type": "string", "minLength": 1}
-
-
-def _object(
-    properties: dict[str, Any], optional: Sequence[str] = (), nullable: bool = False
-) -> dict[str, Any]:
-    return {
-        "type": ["object", "null"] if nullable else "object",
-        "properties": properties,
-        "required": [k for k in properties if k not in optional],
-        "additionalProperties": False,
-    }
-
-
-def _array(items: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "array", "items": items}
-
-
-_DATA_PROPERTIES: dict[str, Any] = {
-    "topology_id": _STRING,
-    "fingerprint": {"type": "object"},  # its fields are checked by topology.Fingerprint.from_json
-    "created": _STRING,
-    "p2p": _object(
-        {
-            "unit": {"enum": ["GB/s"]},
-            "bidirectional": {"type": "boolean"},
-            "devices": {**_array(_STRING), "minItems": 1},
-            "matrix": _array(_array({"type": ["number", "null"]})),
-            "classes": _array(_array({"type": "string"})),
-            # nodecheck.class_figures() of a known-good node; checked by nodecheck.judge_node
-            "baseline": _object(
-                {
-                    "bidirectional": {"type": "boolean"},
-                    "GBps": {"type": "object", "additionalProperties": _NUMBER},
-                },
-                nullable=True,
-            ),
-        },
-        optional=["baseline"],
-        nullable=True,
-    ),
-    "collectives": _array(
-        _object(
-            {
-                "name": _STRING,
-                "bytes": {"type": "integer", "minimum": 1},
-                "busbw_GBps": {"type": "number", "minimum": 0},
-                "algbw_GBps": {"type": "number", "minimum": 0},
-            }
-        )
-    ),
-    "baseline": _object(
-        {
-            "available": {"type": "boolean"},
-            "path": {"type": ["string", "null"]},
-            "regression_threshold": {"type": "number", "exclusiveMinimum": 1},
-            "rows": _array(
-                _object(
-                    {
-                        "benchmark": _STRING,
-                        "baseline_median_s": {"type": "number", "exclusiveMinimum": 0},
-                        "now_median_s": {"type": "number", "exclusiveMinimum": 0},
-                        "ratio": {"type": "number", "exclusiveMinimum": 0},
-                        "verdict": {"enum": list(VERDICTS)},
-                    }
-                )
-            ),
-        },
-        optional=["regression_threshold"],
-    ),
-    "tests": _object(
-        {
-            "passed": {"type": "integer", "minimum": 0},
-            "failed": {"type": "integer", "minimum": 0},
-            "skipped": {"type": "integer", "minimum": 0},
-            "failures": _array(_object({"nodeid": _STRING, "longrepr": {"type": "string"}})),
-        }
-    ),
-}
-# The input of write_report.
+# The schema is published with the package (schemas/node-report.schema.json) for fleet tooling to validate
+# report.json with; the input of write_report is the same document less what write_report adds.
+REPORT_SCHEMA: dict[str, Any] = load_schema("node-report.schema.json")
+_ADDED = ("schema_version", "verdict", "checks", "plots")
 DATA_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    **REPORT_SCHEMA,
     "title": "pytest-collectives node report data",
-    **_object(_DATA_PROPERTIES),
-}
-# report.json: the data plus what write_report adds.
-REPORT_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "pytest-collectives node report",
-    **_object(
-        {
-            "schema_version": {"enum": [SCHEMA_VERSION]},
-            **_DATA_PROPERTIES,
-            "verdict": {"enum": list(nodecheck.STATUSES)},
-            "checks": _array(
-                _object(
-                    {
-                        "name": _STRING,
-                        "status": {"enum": list(nodecheck.STATUSES)},
-                        "reason": _STRING,
-                        "details": {"type": "object"},
-                    }
-                )
-            ),
-            "plots": _array(
-                _object(
-                    {
-                        "file": {"enum": list(PLOTS)},
-                        "written": {"type": "boolean"},
-                        "note": {"type": "string"},
-                    }
-                )
-            ),
-        }
-    ),
+    "properties": {k: v for k, v in REPORT_SCHEMA["properties"].items() if k not in _ADDED},
+    "required": [k for k in REPORT_SCHEMA["required"] if k not in _ADDED],
 }
 
 
@@ -189,19 +88,24 @@ class ReportError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Validation: the subset of JSON Schema used above
+# Validation: jsonschema finds the first bad field, the message names it in one line
 
 
-_TYPES = {
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+def _finite(checker: Any, value: Any) -> bool:
     # JSON has no NaN or infinity, so a report holding one could not be read back.
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-}
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(checker: Any, value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"number": _finite, "integer": _integer}
+    ),
+)
 
 
 def _shown(value: Any) -> str:
@@ -209,56 +113,41 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def validate(value: Any, schema: Mapping[str, Any], where: str = "") -> None:
-    """Raise ReportError naming the first field of `value` that `schema` rejects.
-
-    Supports type, enum, properties, required, additionalProperties (bool or schema), items, minItems,
-    minLength, minimum and exclusiveMinimum: what DATA_SCHEMA and REPORT_SCHEMA use.
-    """
-    field = where or "(top level)"
-    types = schema.get("type")
-    if types is not None:
-        names = [types] if isinstance(types, str) else list(types)
-        if not any(_TYPES[t](value) for t in names):
-            raise ReportError(f"report data: {field} must be {' or '.join(names)}, got {_shown(value)}")
-    if "enum" in schema and value not in schema["enum"]:
-        options = ", ".join(json.dumps(o) for o in schema["enum"])
-        raise ReportError(f"report data: {field} must be one of {options}, got {_shown(value)}")
-    if isinstance(value, str) and len(value) < schema.get("minLength", 0):
-        raise ReportError(f"report data: {field} must not be empty")
-    if _TYPES["number"](value):
-        if "minimum" in schema and value < schema["minimum"]:
-            raise ReportError(f"report data: {field} must be >= {schema['minimum']}, got {_shown(value)}")
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            raise ReportError(
-                f"report data: {field} must be > {schema['exclusiveMinimum']}, got {_shown(value)}"
-            )
-    if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            raise ReportError(f"report data: {field} must have at least {schema['minItems']} item(s)")
-        for i, item in enumerate(value):
-            validate(item, schema.get("items", {}), f"{where}[{i}]")
-    if isinstance(value, dict):
-        _validate_object(value, schema, where)
+def _field(path: Sequence[str | int]) -> str:
+    return "".join(f"[{key}]" if isinstance(key, int) else f".{key}" for key in path).lstrip(".")
 
 
-def _validate_object(value: dict[str, Any], schema: Mapping[str, Any], where: str) -> None:
-    prefix = f"{where}." if where else ""
-    properties = schema.get("properties", {})
-    for key in schema.get("required", ()):
-        if key not in value:
-            raise ReportError(f"report data: {prefix}{key} is missing")
-    extra = schema.get("additionalProperties", True)
-    for key, item in value.items():
-        if not isinstance(key, str):
-            raise ReportError(f"report data: {where or '(top level)'} has a key {key!r} that is not a string")
-        if key in properties:
-            validate(item, properties[key], prefix + key)
-        elif extra is False:
-            known = ", ".join(properties)
-            raise ReportError(f"report data: {prefix}{key} is not a known field (known: {known})")
-        elif isinstance(extra, Mapping):
-            validate(item, extra, prefix + key)
+def _message(error: jsonschema.ValidationError) -> str:
+    field = _field(error.absolute_path) or "(top level)"
+    prefix = f"{_field(error.absolute_path)}." if error.absolute_path else ""
+    kind, expected, value = error.validator, error.validator_value, error.instance
+    if kind == "type":
+        names = [expected] if isinstance(expected, str) else list(expected)
+        return f"{field} must be {' or '.join(names)}, got {_shown(value)}"
+    if kind == "enum":
+        return f"{field} must be one of {', '.join(json.dumps(o) for o in expected)}, got {_shown(value)}"
+    if kind == "required":
+        return f"{prefix}{next(k for k in expected if k not in value)} is missing"
+    if kind == "additionalProperties":
+        known = list(error.schema.get("properties", {}))
+        extra = sorted(k for k in value if k not in known)[0]
+        return f"{prefix}{extra} is not a known field (known: {', '.join(known)})"
+    if kind == "minItems":
+        return f"{field} must have at least {expected} item(s)"
+    if kind == "minLength":
+        return f"{field} must not be empty"
+    if kind == "minimum":
+        return f"{field} must be >= {expected}, got {_shown(value)}"
+    if kind == "exclusiveMinimum":
+        return f"{field} must be > {expected}, got {_shown(value)}"
+    return f"{field}: {error.message}"
+
+
+def validate(value: Any, schema: Mapping[str, Any]) -> None:
+    """Raise ReportError naming the first field of `value` that `schema` rejects, in one line."""
+    errors = sorted(_Validator(schema).iter_errors(value), key=lambda e: [str(k) for k in e.absolute_path])
+    if errors:
+        raise ReportError(f"report data: {_message(errors[0])}")
 
 
 def _validate_data(data: Any) -> None:
@@ -288,8 +177,11 @@ def _validate_data(data: Any) -> None:
 
 
 def report_checks(data: Mapping[str, Any]) -> list[Check]:
-    """The verdicts shown at the top of the report: the node's links, the test run, the benchmark baseline."""
-    return [*_link_checks(data["p2p"]), _test_check(data["tests"]), _benchmark_check(data["baseline"])]
+    """The verdicts shown at the top of the report: the GPUs' health as NVML reports it (GPU runs), the node's
+    links, the test run, the benchmark baseline."""
+    health = preflight.preflight_checks(data["preflight"]) if data.get("preflight") else []
+    run = [_test_check(data["tests"]), _benchmark_check(data["baseline"])]
+    return [*health, *_link_checks(data["p2p"]), *run]
 
 
 def _has_pairs(p2p: Mapping[str, Any] | None) -> bool:
@@ -337,15 +229,21 @@ def _benchmark_check(baseline: Mapping[str, Any]) -> Check:
             "run.",
             {"available": False},
         )
-    slower = [r["benchmark"] for r in rows if r["verdict"] == REGRESSION]
-    details = {"available": True, "compared": len(rows), "regressions": len(slower)}
+    slower = sorted(
+        (r for r in rows if r["verdict"] == REGRESSION), key=lambda r: (-r["ratio"], r["benchmark"])
+    )
+    details: dict[str, Any] = {"available": True, "compared": len(rows), "regressions": len(slower)}
     where = f" ({baseline['path']})" if baseline["path"] else ""
     if slower:
+        details[TABLE] = {
+            "columns": ["Benchmark", "Time now / baseline"],
+            "rows": [[r["benchmark"], f"{r['ratio']:.2f}x"] for r in slower],
+        }
         return Check(
             "benchmark baseline",
             FAIL,
             f"{len(slower)} of {len(rows)} benchmarks are slower than the baseline{where} beyond noise "
-            f"({', '.join(slower)}): re-run them, and if they stay slow look for what changed since it was "
+            f"(listed in the table): re-run them, and if they stay slow look for what changed since it was "
             f"recorded.",
             details,
         )
@@ -591,13 +489,22 @@ def _checks_html(checks: Sequence[Check], verdict: str) -> str:
     summary = f"{verdict} ({counts[FAIL]} checks failed, {counts[WARN]} warned, {counts[PASS]} passed)"
     rows = "".join(
         f'<tr><td><span class="pill {c.status}">{c.status}</span></td><td class=name>{_text(c.name)}</td>'
-        f"<td>{_text(c.reason)}</td></tr>"
-        for c in sorted(checks, key=lambda c: -nodecheck.STATUSES.index(c.status))
+        f"<td>{_text(c.reason)}{_check_table(c)}</td></tr>"
+        for c in _worst_first(checks)
     )
     return (
         f'<div class="verdict {verdict}">Overall verdict: {html.escape(summary)}</div>'
         f"<table><tr><th>Status</th><th>Check</th><th>Reason and what to do</th></tr>{rows}</table>"
     )
+
+
+def _worst_first(checks: Sequence[Check]) -> list[Check]:
+    return sorted(checks, key=lambda c: -nodecheck.STATUSES.index(c.status))
+
+
+def _check_table(check: Check) -> str:
+    table = check.details.get(TABLE)
+    return _table(table["columns"], table["rows"]) if table else ""
 
 
 def _tests_html(tests: Mapping[str, Any]) -> str:
@@ -715,6 +622,69 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> 
 # Writing
 
 
+def _md(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """The verdicts as GitHub-flavoured Markdown for a CI job summary: a table, then one per listing check."""
+    checks = _worst_first([Check(**c) for c in report["checks"]])
+    lines = [
+        f"### Node report: {report['verdict']}",
+        "",
+        f"`{report['topology_id']}`" + (f" on `{report['host']}`" if report.get("host") else "")
+        + f", created {report['created']}",
+        "",
+        "| Status | Check | Reason and what to do |",
+        "| --- | --- | --- |",
+        *(f"| {c.status} | {_md(c.name)} | {_md(c.reason)} |" for c in checks),
+    ]
+    for check in checks:
+        if table := check.details.get(TABLE):
+            lines += ["", f"#### {_md(check.name)}", "", "| " + " | ".join(map(_md, table["columns"])) + " |"]
+            lines.append("|" + " --- |" * len(table["columns"]))
+            lines += ["| " + " | ".join(map(_md, row)) + " |" for row in table["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def render_junit(report: Mapping[str, Any]) -> str:
+    """The verdicts as JUnit XML, one testcase per check: FAIL is a failure; WARN passes with its reason in
+    system-out and a `status` property (JUnit has no warning outcome; a fleet dashboard can filter on it)."""
+    checks = [Check(**c) for c in report["checks"]]
+    suite = ElementTree.Element(
+        "testsuite",
+        name="node-report",
+        tests=str(len(checks)),
+        failures=str(sum(c.status == FAIL for c in checks)),
+        errors="0",
+        skipped="0",
+        timestamp=report["created"],
+        hostname=report.get("host", ""),
+    )
+    properties = ElementTree.SubElement(suite, "properties")
+    ElementTree.SubElement(properties, "property", name="topology_id", value=report["topology_id"])
+    ElementTree.SubElement(properties, "property", name="verdict", value=report["verdict"])
+    for check in checks:
+        case = ElementTree.SubElement(
+            suite, "testcase", classname=f"node-report.{report['topology_id']}", name=check.name, time="0"
+        )
+        listing = ""
+        if table := check.details.get(TABLE):
+            listing = "\n" + "\n".join("  ".join(map(str, row)) for row in table["rows"])
+        if check.status == FAIL:
+            failure = ElementTree.SubElement(case, "failure", message=check.reason, type=FAIL)
+            failure.text = check.reason + listing
+        else:
+            status = ElementTree.SubElement(ElementTree.SubElement(case, "properties"), "property")
+            status.set("name", "status")
+            status.set("value", check.status)
+            ElementTree.SubElement(case, "system-out").text = f"{check.status}: {check.reason}{listing}"
+    root = ElementTree.Element("testsuites", name="pytest-collectives node report")
+    root.append(suite)
+    ElementTree.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ElementTree.tostring(root, encoding="unicode") + "\n"
+
+
 def build_report(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, bytes | str]]:
     """The report.json document and the plots (PNG bytes or why skipped), after validating `data`."""
     _validate_data(data)
@@ -741,7 +711,8 @@ def build_report(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, byt
 
 
 def write_report(directory: str | os.PathLike[str], data: Mapping[str, Any]) -> dict[str, Path]:
-    """Write report.json, report.html and the plots into `directory`; return {file name: path} written.
+    """Write report.json, report.html, report.xml (JUnit), report.md and the plots into `directory`; return
+    {file name: path} written.
 
     Nothing is written when `data` is invalid (ReportError, one line naming the field). Each file is replaced
     atomically; a plot skipped this time is removed, so a reused folder never shows a stale one.
@@ -759,6 +730,8 @@ def write_report(directory: str | os.PathLike[str], data: Mapping[str, Any]) -> 
             written[name] = path
     for name, content in (
         (HTML_NAME, render_html(report, plots)),
+        (JUNIT_NAME, render_junit(report)),
+        (MARKDOWN_NAME, render_markdown(report)),
         (JSON_NAME, json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n"),
     ):
         write_atomic(folder / name, content.encode("utf-8"))

@@ -8,6 +8,7 @@ tests failed still gets its report, with the failures in it.
 from __future__ import annotations
 
 import datetime
+import socket
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from . import preflight
 from .baselines import BenchmarkEntry
 from .nodecheck import LOOPBACK_LINK, NETWORK_LINK
 
@@ -77,7 +79,7 @@ def collective_rows(results: dict[str, BenchmarkEntry]) -> list[dict[str, Any]]:
 
 
 class NodeReport:
-    def __init__(self, config: pytest.Config, directory: str) -> None:
+    def __init__(self, config: pytest.Config, directory: str, gpus: int) -> None:
         self.config = config
         self.directory = Path(directory)
         if self.directory.exists() and not self.directory.is_dir():
@@ -86,6 +88,9 @@ class NodeReport:
         self.failures: list[dict[str, str]] = []
         self.written: dict[str, Path] = {}
         self.error = ""
+        # NVML is read before the first test (idle GPUs) and again at the end (after load), because PCIe
+        # link speed and clock throttling both change with load. A CPU run has nothing to read.
+        self.preflight = preflight.read_nvml() if gpus else None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or report.outcome != "passed":
@@ -107,7 +112,9 @@ class NodeReport:
         cpu = fingerprint.kind == "cpu"
         data = {
             "topology_id": topology_id(fingerprint),
+            "host": socket.gethostname(),
             "fingerprint": fingerprint.to_json(),
+            "preflight": preflight.sample_throttle(self.preflight) if self.preflight else None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "p2p": p2p_matrix(
                 results, (lambda i, j: LOOPBACK_LINK) if cpu else partial(link_class, fingerprint)
