@@ -315,3 +315,26 @@ def test_what_counts_as_ci(monkeypatch, value, expected):
     else:
         monkeypatch.setenv("CI", value)
     assert in_ci() is expected
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The fleet page
+
+
+def test_fleet_page_shows_in_the_browser(tmp_path, open_in_browser):
+    import random
+
+    from test_fleet import SICK, SLOW_GPU, memory_fleet, node_data
+
+    from pytest_collectives import fleet
+
+    nodes = [n for n in memory_fleet(random.Random(3)) if n.name != SICK]
+    sick = fleet.report_figures(node_data(random.Random(4), slow_gpu=SLOW_GPU))
+    nodes.append(fleet.Node(SICK, f"{SICK}/report.json", nodes[0].topology_id, sick))
+    files = fleet.write_fleet(tmp_path, fleet.judge_fleet(nodes))
+    page, log = open_in_browser(files["fleet.html"])
+    check_page(page, log, expected_images=0)
+    assert page.get_by_text("FAIL: 1 of 16 nodes fail").is_visible()
+    row = page.locator("tr").filter(has=page.locator("td", has_text=SICK))
+    assert row.first.locator("td").nth(1).inner_text().strip() == "FAIL"
+    screenshot(page, "fleet.png")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from helpers import PLUGIN, outcomes
 
 from pytest_collectives import options
+from pytest_collectives.hooks import world_sizes_of
 from pytest_collectives.spmd import (
     EXIT_HUNG,
     SpmdEnv,
@@ -24,6 +26,7 @@ from pytest_collectives.spmd import (
     detect,
     first_difference,
     first_host,
+    group_sizes_needed,
     settings_for,
     tasks_per_node,
 )
@@ -113,6 +116,29 @@ def test_world_sizes_reach_the_whole_world() -> None:
         settings_for({**values, "gpus": "4"}, env, lambda: 4)
 
 
+def test_max_is_the_whole_spmd_world_whatever_the_world_sizes() -> None:
+    # The all-pairs matrix sizes itself with world_sizes_of: on 2 nodes of 2 ranks with --world-sizes 2 it
+    # must still span all 4 ranks, across the nodes, as the session's own parametrization does.
+    env = SpmdEnv("torchrun", 0, 4, 0, 2, "h", 1)
+    values = {"gpus": "0", "backend": "", "world_sizes": "2", "dist_timeout": "120"}
+    assert world_sizes_of(("max",), settings_for(values, env, lambda: 0)) == (4,)
+    assert world_sizes_of(("max",), options.Settings(world_sizes=(2, 3))) == (3,)
+    assert world_sizes_of(("max",), options.Settings(gpus=8, world_sizes=(2,))) == (8,)
+
+
+class _Item:
+    def __init__(self, n: int | None) -> None:
+        self.callspec = None if n is None else type("CallSpec", (), {"params": {"world_size": n}})()
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return self.callspec and name == "world_size"
+
+
+def test_the_groups_below_the_world_are_known_before_any_test_runs() -> None:
+    items = [_Item(n) for n in (4, 2, None, 3, 2, 8)]
+    assert group_sizes_needed(items, world=4) == [2, 3]
+
+
 def test_first_difference_names_the_test_and_the_ranks() -> None:
     same = ["t.py::a", "t.py::b"]
     assert first_difference([same, same]) is None
@@ -149,11 +175,28 @@ def test_disarmed_watchdog_stays_quiet() -> None:
 
 # --- end to end: pytest under torchrun, two "nodes" of two ranks on loopback ---------------------------
 
+# Records every dist.new_group call on each rank (SPMD mode, where pytest runs on the ranks).
+CONFTEST = """
+import torch.distributed as dist
+
+dist.made_groups = []
+_new_group = dist.new_group
+
+def new_group(ranks=None, *args, **kwargs):
+    local = bool(kwargs.get("use_local_synchronization"))
+    dist.made_groups.append((sorted(ranks) if ranks is not None else None, local))
+    return _new_group(ranks, *args, **kwargs)
+
+dist.new_group = new_group
+"""
+
 INNER = """
 import os, time
 import pytest, torch
 import torch.distributed as dist
 from hypothesis import given, settings, strategies as st
+
+SPMD = "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ
 
 @pytest.mark.world_size(4)
 def test_all_reduce(pg):
@@ -181,6 +224,14 @@ def test_sizes(pg, n):
     t = torch.ones(n)
     dist.all_reduce(t)
     assert t.eq(pg.world_size).all()
+
+@pytest.mark.world_size(4)
+def test_every_rank_made_the_test_groups(pg, tmp_path):
+    print(f"pg.seed={pg.seed}")  # the same under the pool: tmp_path differs, the seed must not
+    made = [None] * 4
+    dist.all_gather_object(made, getattr(dist, "made_groups", []))
+    if SPMD:  # with a bound GPU, a group made by its own ranks alone hangs or is refused
+        assert all(([0, 1], False) in groups for groups in made), made
 
 @pytest.mark.world_size(4)
 def test_nodes(pg):
@@ -268,7 +319,8 @@ def run_all(
 @pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
 def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str) -> None:
     (tmp_path / "test_inner.py").write_text(INNER)
-    args = ["test_inner.py", "--rootdir", str(tmp_path), "--dist-timeout", "60"]
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    args = ["test_inner.py", "--rootdir", str(tmp_path), "--dist-timeout", "60", "-s"]
     launch = torchrun_two_nodes if launcher == "torchrun" else srun_two_nodes
     codes, text = launch(tmp_path, [*args, "--junitxml", "spmd.xml"], timeout_s=240)
     assert all(code != 0 for code in codes), text  # a test failed: every node reports failure
@@ -279,7 +331,7 @@ def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str) -> None:
         "AssertionError: rank two disagrees",
         "hello from rank 3",
         f"collectives: SPMD mode ({launcher}), 4 ranks on 2 node(s)",
-        "1 failed, 5 passed",
+        "1 failed, 6 passed",
     ]:
         assert line in text, text
     pooled = subprocess.run(
@@ -291,6 +343,9 @@ def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str) -> None:
     )
     assert pooled.returncode == 1, pooled.stdout
     assert outcomes(tmp_path / "spmd.xml") == outcomes(tmp_path / "pooled.xml")
+    # One seed for a test in both modes, so a failure seen under torchrun replays under the pool.
+    seeds = re.findall(r"pg\.seed=(\d+)", text + pooled.stdout)
+    assert len(seeds) == 8 and len(set(seeds)) == 1, seeds  # 4 ranks in each mode
 
 
 @pytest.mark.slow

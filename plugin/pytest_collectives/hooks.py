@@ -105,10 +105,10 @@ def settings_of(config: pytest.Config) -> options.Settings:
 
 
 def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[Any, ...]:
-    """A world_size marker's sizes: its own, the configured ones, or for 'max' the whole machine
-    (every GPU with --gpus, else the largest configured size)."""
+    """A world_size marker's sizes: its own, the configured ones, or for 'max' the largest group the
+    session can make (Settings.largest: the SPMD world, every GPU with --gpus, else the largest size)."""
     if args == ("max",):
-        return (settings.gpus or max(settings.world_sizes),)
+        return (settings.largest or settings.gpus or max(settings.world_sizes),)
     return args or settings.world_sizes
 
 
@@ -153,9 +153,13 @@ def skip_gpu_tests(items: list[pytest.Item], settings: options.Settings) -> None
             item.add_marker(skip_gpu)
 
 
-def stable_seed(nodeid: str, kwargs: dict[str, Any]) -> int:
-    """Same test and same example give the same seed, on every rank and in every rerun."""
-    text = nodeid + repr(sorted((k, repr(v)) for k, v in kwargs.items() if k != "pg"))
+def stable_seed(item: pytest.Function, kwargs: dict[str, Any]) -> int:
+    """Same test and same example give the same seed, on every rank, in every rerun and in both modes.
+
+    Only the test id and the values hypothesis drew count: fixture values (tmp_path, benchmark, ...) have
+    reprs with addresses and per-run paths, so hashing them would give a new seed every run."""
+    drawn = {k: v for k, v in kwargs.items() if k not in item.funcargs}
+    text = item.nodeid + repr(sorted((k, repr(v)) for k, v in drawn.items()))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
 
 
@@ -253,7 +257,7 @@ class DistributedSession:
             path=module.__file__,
             qualname=(f"{item.cls.__qualname__}." if item.cls else "") + item.originalname,
             kwargs=shipped,
-            seed=stable_seed(item.nodeid, kwargs),
+            seed=stable_seed(item, kwargs),
             sys_path=list(sys.path),
             hypothesis_inner=hypothesis_inner,
         )

@@ -29,6 +29,9 @@ class Settings:
     backend: str = "gloo"
     world_sizes: tuple[int, ...] = CPU_WORLD_SIZES
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # The most ranks one group can have, what world_size("max") means: the whole world under torchrun or
+    # srun, else every GPU with --gpus, else the largest of the world sizes. 0: derive it from the others.
+    largest: int = 0
 
 
 def _gpus(text: str, count_gpus: Callable[[], int]) -> int:

@@ -193,6 +193,7 @@ def settings_for(values: dict[str, str], env: SpmdEnv, count_gpus: Callable[[], 
         backend=options._backend(values["backend"], gpus),
         world_sizes=sizes,
         timeout_s=options._timeout(values["dist_timeout"]),
+        largest=env.world_size,
     )
 
 
@@ -374,7 +375,7 @@ class SpmdSession:
         if marker is None:
             return
         world = self.env.world_size
-        sizes = (world,) if marker.args == ("max",) else world_sizes_of(marker.args, self.settings)
+        sizes = world_sizes_of(marker.args, self.settings)
         parametrize_world_size(metafunc, sizes, world, f"the SPMD world has {world} ranks")
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -395,6 +396,7 @@ class SpmdSession:
             )
             pytest.exit(f"collectives SPMD: {message}", returncode=pytest.ExitCode.USAGE_ERROR)
         self.stop = gathered[0][1]
+        self._make_groups(session.items)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
@@ -419,7 +421,7 @@ class SpmdSession:
 
         # Every rank runs its own engine; with the same seed and the same gathered verdicts they agree.
         def in_lockstep(inner: Callable[..., Any], owner: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self.step(pyfuncitem, n, kwargs, functools.partial(inner, *owner), example=True)
+            self.step(pyfuncitem, n, kwargs, functools.partial(inner, *owner))
 
         holder = getattr(fn, "__func__", fn)
         current = holder._hypothesis_internal_use_settings
@@ -437,13 +439,10 @@ class SpmdSession:
         n: int,
         kwargs: dict[str, Any],
         fn: Callable[..., Any],
-        example: bool = False,
     ) -> None:
         """Run one call on the first n ranks, gather every rank's outcome, and give all the same verdict."""
         self.calls[n] = self.calls.get(n, 0) + 1
-        # The seed depends on what is the same on every rank: the test id and the drawn example.
-        drawn = {k: v for k, v in kwargs.items() if k not in item.funcargs} if example else {}
-        seed = stable_seed(item.nodeid, drawn)
+        seed = stable_seed(item, kwargs)
         what = f"{item.nodeid} ({n} ranks)"
         bench = kwargs.get("benchmark")
         if bench is not None and hasattr(bench, "_make_stats"):
@@ -510,15 +509,19 @@ class SpmdSession:
             self.env.rank, status, detail, stdout=stdout, stderr=stderr, benchmark=bench
         ), time.time()
 
-    def _group(self, n: int) -> Any:
-        """The first n ranks as a group, made once by those ranks only (hashed name: no shared counter)."""
+    def _make_groups(self, items: list[pytest.Item]) -> None:
+        """The first n ranks as a group for every size n the tests need, made now by every rank of the
+        world, in the same order: with a bound GPU (eager NCCL init) a subgroup is split from the world's
+        communicator, which every rank must join; made later by its n ranks alone, it hangs or is refused."""
         import torch.distributed as dist
 
-        if n == self.env.world_size:
-            return dist.group.WORLD
-        if n not in self._groups:
-            self._groups[n] = dist.new_group(list(range(n)), use_local_synchronization=True)
-        return self._groups[n]
+        for n in group_sizes_needed(items, self.env.world_size):
+            self._groups[n] = dist.new_group(list(range(n)))
+
+    def _group(self, n: int) -> Any:
+        import torch.distributed as dist
+
+        return dist.group.WORLD if n == self.env.world_size else self._groups[n]
 
     def _context(self, n: int) -> Any:
         if n not in self._contexts:
@@ -552,6 +555,16 @@ class SpmdSession:
         # No rank leaves before rank 0 has written its report: a launcher may kill the rest when one exits.
         self._all_gather(None, "the end of the session", START_TIMEOUT_S)
         dist.destroy_process_group()
+
+
+def group_sizes_needed(items: list[pytest.Item], world: int) -> list[int]:
+    """The sizes below the world of the groups the distributed tests among ``items`` run on, ascending."""
+    sizes = set()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and item.get_closest_marker("world_size") is not None:
+            sizes.add(callspec.params.get("world_size", world))
+    return sorted(n for n in sizes if n < world)
 
 
 def _outcome_of(exc: BaseException) -> tuple[str, str]:
