@@ -529,6 +529,35 @@ def test_a_rank_that_stops_reading_between_tests_is_told_apart_from_one_hung_in_
 
 
 @pytest.mark.usefixtures("inner_env")
+def test_a_task_larger_than_a_pipe_never_blocks_the_controller(pytester: pytest.Pytester) -> None:
+    # 1 MiB of arguments for a rank that stopped reading: the write would fill its pipe and wait for ever.
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(
+        test_it=MODULE_HEADER
+        + textwrap.dedent(
+            f"""
+            @pytest.mark.world_size(2)
+            def test_a_stops_after_its_result(pg):
+                if pg.rank == 1:
+                    os.environ["{FAULT_ENV}"] = "1:between:hang"
+
+            @pytest.mark.world_size(2)
+            @pytest.mark.parametrize("blob", [b"x" * (1 << 20)], ids=["1MiB"])
+            def test_b_big_task(pg, blob):
+                check_sum(pg)
+
+            @pytest.mark.world_size(2)
+            def test_c_fresh_group(pg):
+                check_sum(pg)
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--dist-timeout", str(TIMEOUT_S), timeout=120)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*it never received this test: it stopped reading tasks*"])
+
+
+@pytest.mark.usefixtures("inner_env")
 def test_the_rank_that_destroys_the_group_is_the_first_to_fail(pytester: pytest.Pytester) -> None:
     result = _inner(
         pytester,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +69,31 @@ def test_a_cpu_session_writes_a_valid_report_with_its_failures(pytester, monkeyp
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
     html = (folder / "report.html").read_text()
     assert "rank 1 is broken" in html and "<script" not in html
+
+
+def test_the_suites_pair_latency_lands_in_a_cpu_report(pytester, monkeypatch) -> None:
+    # The real suite file (and the byte check it imports), run on 2 CPU ranks.
+    perf = Path(__file__).resolve().parents[1] / "suites" / "perf"
+    for name in ("test_p2p.py", "copycheck.py"):
+        shutil.copy(perf / name, pytester.path / name)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)))
+    result = pytester.runpytest(
+        "test_p2p.py::test_pair_latency", "--world-sizes", "2", "--node-report", "report",
+        "--benchmark-max-time", "0.02",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2)
+    report = json.loads((pytester.path / "report" / "report.json").read_text())
+    validate(report, REPORT_SCHEMA)
+    latency = report["p2p_latency"]
+    assert latency["devices"] == ["rank0", "rank1"]
+    assert latency["matrix_us"][0][0] is None and latency["matrix_us"][1][1] is None
+    assert latency["matrix_us"][0][1] > 0 and latency["matrix_us"][1][0] > 0
+    # A CPU run copies nothing between host and GPU: no figures, no check.
+    assert report["host_device"] is None and report["p2p"] is None
+    assert not [c for c in report["checks"] if c["name"].startswith("host-device")]
+    html = (pytester.path / "report" / "report.html").read_text()
+    table = html[html.index("<h2>GPU-to-GPU latency</h2>") :]
+    assert "<th class=num>rank1</th>" in table[: table.index("</table>")]
 
 
 def test_a_report_path_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:

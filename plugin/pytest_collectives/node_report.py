@@ -15,6 +15,16 @@
                                                  # between CPU ranks, NET between nodes
         "baseline": null | {"bidirectional": true, "GBps": {"NV4": 101.7}}   # optional, see nodecheck
       },
+      "p2p_latency": null | {                    # optional; null when the latency matrix was not measured
+        "devices": ["GPU0", ...],                # n labels
+        "matrix_us": [[null, 2.1, ...], ...]     # n x n microseconds per 4-byte message; null diagonal
+      },
+      "host_device": null | {                    # optional; null when not measured (CPU runs)
+        "bytes": 268435456,                      # the buffer size the figures were measured at
+        "devices": ["GPU0", ...],                # n labels
+        "series": {"h2d pinned": [25.1, ...],    # n GB/s (algbw), null where not measured; also h2d
+                   ...}                          # pageable, d2h pinned/pageable, bidir pinned (both
+      },                                         # directions counted), local device (copy_ on one GPU)
       "collectives": [{"name": "all_reduce", "bytes": 1048576, "busbw_GBps": 1.2, "algbw_GBps": 0.6}],
       "baseline": {                              # the benchmark baseline and the regression verdicts
         "available": true, "path": "baselines/<id>/baseline.json" | null,
@@ -26,9 +36,10 @@
     }
 
 The checks are computed here, not passed in, so the verdict at the top of a report always follows from the
-data in it: nodecheck.judge_node on the P2P matrix, one check for the test run and one for the benchmark
-baseline. `report.json` is the data plus `schema_version`, `verdict`, `checks` and `plots` (REPORT_SCHEMA),
-validated before anything is written. A run whose suites failed still gets a report: failures are data.
+data in it: nodecheck.judge_node on the P2P matrix, each GPU's host-device copies against the other GPUs'
+(nodecheck.peer_outliers), one check for the test run and one for the benchmark baseline. `report.json` is
+the data plus `schema_version`, `verdict`, `checks` and `plots` (REPORT_SCHEMA), validated before anything
+is written. A run whose suites failed still gets a report: failures are data.
 
 The HTML opens offline: no script, no external style sheet, and the plots inlined as data URIs (the PNG files
 are written beside it too). A plot whose data is absent is skipped and the HTML says why.
@@ -164,12 +175,23 @@ def _validate_data(data: Any) -> None:
         Fingerprint.from_json(data["fingerprint"])
     except FingerprintError as e:
         raise ReportError(f"report data: fingerprint.{e.field} must be {e.expected}") from None
-    p2p = data["p2p"]
+    p2p, latency, host = data["p2p"], data.get("p2p_latency"), data.get("host_device")
     if p2p is not None:
-        n = len(p2p["devices"])
         for key in ("matrix", "classes"):
-            if len(p2p[key]) != n or any(len(row) != n for row in p2p[key]):
-                raise ReportError(f"report data: p2p.{key} must be {n} x {n}, one row and column per device")
+            _square(p2p[key], len(p2p["devices"]), f"p2p.{key}")
+    if latency is not None:
+        _square(latency["matrix_us"], len(latency["devices"]), "p2p_latency.matrix_us")
+    if host is not None:
+        n = len(host["devices"])
+        for name, values in host["series"].items():
+            if len(values) != n:
+                field = f"host_device.series.{name}"
+                raise ReportError(f"report data: {field} must have {n} figures, one per device")
+
+
+def _square(matrix: Sequence[Sequence[Any]], n: int, field: str) -> None:
+    if len(matrix) != n or any(len(row) != n for row in matrix):
+        raise ReportError(f"report data: {field} must be {n} x {n}, one row and column per device")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -181,7 +203,7 @@ def report_checks(data: Mapping[str, Any]) -> list[Check]:
     links, the test run, the benchmark baseline."""
     health = preflight.preflight_checks(data["preflight"]) if data.get("preflight") else []
     run = [_test_check(data["tests"]), _benchmark_check(data["baseline"])]
-    return [*health, *_link_checks(data["p2p"]), *run]
+    return [*health, *_link_checks(data["p2p"]), *_host_device_checks(data.get("host_device")), *run]
 
 
 def _has_pairs(p2p: Mapping[str, Any] | None) -> bool:
@@ -202,6 +224,79 @@ def _link_checks(p2p: Mapping[str, Any] | None) -> list[Check]:
     except NodeCheckError as e:
         # The checks are where a matrix's cells and classes get checked; their messages name the field.
         raise ReportError(f"report data: p2p.{e}") from None
+
+
+_HOST_DEVICE = "host-device copies"
+_LINK_SERIES = ("h2d", "d2h", "bidir")  # copies that cross the GPU's PCIe link; "local" stays in its memory
+_NUMA_ADVICE = (
+    "if the slow GPUs are all on one CPU socket, the host memory may be on the other one: compare with "
+    "the CPU affinity in `nvidia-smi topo -m`"
+)
+_MEMORY_ADVICE = (
+    "a copy inside the GPU's own memory crosses no link, so look at the GPU: its clocks and throttle "
+    "reasons (`nvidia-smi -q -d CLOCK,PERFORMANCE`) and its memory errors "
+    "(`nvidia-smi -q -d ECC,ROW_REMAPPER`)"
+)
+
+
+def _host_device_checks(host: Mapping[str, Any] | None) -> list[Check]:
+    """Each GPU's host-device figures against the other GPUs': a GPU behind a link trained at x8 or a lower
+    PCIe generation copies slower than its peers. No check when nothing was measured (a CPU run)."""
+    if host is None:
+        return []
+    labels, series = host["devices"], host["series"]
+    measured = [i for i in range(len(labels)) if any(values[i] is not None for values in series.values())]
+    if len(measured) < 3:
+        return [
+            Check(
+                _HOST_DEVICE,
+                PASS,
+                f"{len(measured)} GPU(s) measured: too few for the others to say what a healthy one reaches "
+                f"(needs 3), so their figures (below) were not judged.",
+                {"devices": len(measured)},
+            )
+        ]
+    slow: dict[int, list[tuple[str, nodecheck.Outlier]]] = {}
+    for name, values in series.items():
+        for outlier in nodecheck.peer_outliers(values):
+            slow.setdefault(outlier.index, []).append((name, outlier))
+    if not slow:
+        return [
+            Check(
+                _HOST_DEVICE,
+                PASS,
+                f"{len(measured)} GPUs compared in {len(series)} kinds of copy: none is far below the "
+                f"others.",
+                {"devices": len(measured), "series": len(series)},
+            )
+        ]
+    return [_slow_device_check(labels[d], d, found) for d, found in sorted(slow.items())]
+
+
+def _slow_device_check(label: str, device: int, found: Sequence[tuple[str, nodecheck.Outlier]]) -> Check:
+    worst = min(found, key=lambda f: f[1].ratio)
+    names = [name for name, _ in found]
+    advice = []
+    if any(name.split()[0] in _LINK_SERIES for name in names):
+        advice += [nodecheck.PCIE_ADVICE, _NUMA_ADVICE]
+    if any(name.split()[0] not in _LINK_SERIES for name in names):
+        advice.append(_MEMORY_ADVICE)
+    return Check(
+        f"host-device {label}",
+        max((o.status for _, o in found), key=nodecheck.STATUSES.index),
+        f"{label}'s {', '.join(names)} copies are below the other GPUs' (down to {worst[1].ratio:.0%} of "
+        f"their median, {worst[0]}; listed in the table): {'; '.join(advice)}.",
+        {
+            "device": device,
+            "label": label,
+            TABLE: {
+                "columns": ["Copy", "GB/s", "Median of the other GPUs (GB/s)", "Ratio"],
+                "rows": [
+                    [name, f"{o.measured:.1f}", f"{o.reference:.1f}", f"{o.ratio:.0%}"] for name, o in found
+                ],
+            },
+        },
+    )
 
 
 def _test_check(tests: Mapping[str, Any]) -> Check:
@@ -533,6 +628,41 @@ def _explain_html(p2p: Mapping[str, Any] | None) -> str:
     return f"<p>{_text(lines[0])}</p><ul>{items}</ul>{rest}{legend}"
 
 
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _latency_html(latency: Mapping[str, Any] | None) -> str:
+    if latency is None:
+        return '<p class="skipped">No pair latency was measured (test_p2p.py::test_pair_latency).</p>'
+    labels = latency["devices"]
+    rows = [
+        [labels[i], *("X" if i == j else _number(v, 1) for j, v in enumerate(row))]
+        for i, row in enumerate(latency["matrix_us"])
+    ]
+    intro = "<p>Microseconds per 4-byte message sent back to back, from the row's device to the column's.</p>"
+    return intro + _table(["from \\ to", *labels], rows, numeric=range(1, len(labels) + 1))
+
+
+def _host_device_html(host: Mapping[str, Any] | None) -> str:
+    if host is None:
+        return (
+            '<p class="skipped">No copies between host and GPU were measured (a CPU run, or '
+            "suites/perf/test_host_device.py not run).</p>"
+        )
+    series = host["series"]
+    rows = [
+        [label, *(_number(values[i], 1) for values in series.values())]
+        for i, label in enumerate(host["devices"])
+    ]
+    intro = (
+        f"<p>GB/s per GPU at {_human_bytes(host['bytes'])}, one GPU at a time: pinned host memory is copied "
+        f"by DMA at link speed, pageable memory is staged by the driver; bidir counts both directions, local "
+        f"is a copy inside the GPU's memory.</p>"
+    )
+    return intro + _table(["GPU", *series], rows, numeric=range(1, len(series) + 1))
+
+
 def _collectives_html(collectives: Sequence[Mapping[str, Any]]) -> str:
     if not collectives:
         return ""
@@ -598,6 +728,8 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> 
         "<h2>Test run</h2>" + _tests_html(report["tests"]),
         "<h2>GPU-to-GPU bandwidth</h2>" + _image(P2P_PLOT, plots[P2P_PLOT], "P2P bandwidth heatmap"),
         "<h2>Why copies to different GPUs take different times</h2>" + _explain_html(report["p2p"]),
+        "<h2>GPU-to-GPU latency</h2>" + _latency_html(report.get("p2p_latency")),
+        "<h2>Copies between host and GPU</h2>" + _host_device_html(report.get("host_device")),
         "<h2>Collectives: bus bandwidth vs message size</h2>"
         + _image(BUSBW_PLOT, plots[BUSBW_PLOT], "bus bandwidth vs message size")
         + _collectives_html(report["collectives"]),

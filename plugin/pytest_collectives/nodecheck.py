@@ -270,11 +270,13 @@ def _advice(link: str) -> str:
             "check the NICs of both nodes (`ibstat`, or `ethtool` for Ethernet) for a port below its rated "
             "speed, and the cable and switch port between them"
         )
-    return (
-        "check `nvidia-smi -q -d PCI` (or LnkSta against LnkCap in `lspci -vv`) for a link trained below "
-        "its PCIe generation or width, and reseat the card or riser"
-    )
+    return PCIE_ADVICE
 
+
+PCIE_ADVICE = (
+    "check `nvidia-smi -q -d PCI` (or LnkSta against LnkCap in `lspci -vv`) for a link trained below "
+    "its PCIe generation or width, and reseat the card or riser"
+)
 
 _HOST_ADVICE = (
     "CPU ranks talk over loopback sockets, so this is the host's load, not a link: rerun on an idle machine "
@@ -295,6 +297,41 @@ def _below_peers(value: float, median: float, mad: float, warn: float) -> bool:
     if median <= 0 or value / median >= warn:
         return False
     return bool(mad == 0 or _MAD_SCALE * (median - value) / mad > MODIFIED_Z)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outlier:
+    """A device's figure far below the same figure of the other devices (peer_outliers)."""
+
+    index: int
+    measured: float
+    reference: float  # the median of the other devices' figures
+    status: str  # WARN or FAIL
+
+    @property
+    def ratio(self) -> float:
+        return self.measured / self.reference
+
+
+def peer_outliers(
+    values: Sequence[float | None], threshold: float = DEFAULT_THRESHOLD, *, warn: float = DEFAULT_WARN
+) -> list[Outlier]:
+    """The devices whose figure (``values[i]``; None: not measured) is far below the other devices'.
+
+    Each is compared with the median of the *others*, so a bad device can't drag its own reference down: it
+    is an outlier below `warn` x that median when it also stands out from the others' spread (MODIFIED_Z),
+    and FAILs below `threshold`. Needs 3 measured devices: with 2, nothing says which one is off.
+    """
+    _check_levels(threshold, warn)
+    measured = [(i, float(v)) for i, v in enumerate(values) if v is not None]
+    if len(measured) < 3:
+        return []
+    outliers = []
+    for i, value in measured:
+        median, mad = _robust(np.array([v for j, v in measured if j != i]))
+        if _below_peers(value, median, mad, warn):
+            outliers.append(Outlier(i, value, median, _status(value / median, threshold, warn)))
+    return outliers
 
 
 def link_outliers(

@@ -13,6 +13,7 @@ import pickle
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -33,6 +34,9 @@ FAILURE_GRACE_S = 2.0  # how long the other ranks get to finish after one fails 
 STACK_WAIT_S = 2.0
 CRASH_TAIL_LINES = 30
 RECYCLE_RSS_GROWTH = 2 << 30  # a worker that grew this much since it started is replaced
+# A rank reads its task before it answers the previous one's, so the pipe is empty when a task is sent, and a
+# task smaller than a pipe's buffer (64 KiB on Linux, 4 KiB at the least POSIX allows) is written at once.
+INLINE_TASK_BYTES = 4096
 
 PRELOAD = ["__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.runner"]
 
@@ -97,13 +101,23 @@ class WorkerGroup:
     def run(self, task: Task, timeout_s: float) -> tuple[GroupOutcome, list[RankResult]]:
         payload = pickle.dumps(task)
         self.received, self.lost = set(), []
-        for conn in self.conns:
-            try:
-                conn.send_bytes(payload)
-            except OSError:
-                pass  # a rank that died just now: _collect reports it from its pipe and exit status
+        # A larger task blocks its writer until the rank reads it, and a live rank that stopped reading
+        # would block the controller for ever: such tasks are written by one thread per rank, and a rank
+        # that never takes its task is reported hung by _collect's deadline like any other.
+        inline = len(payload) <= INLINE_TASK_BYTES
+        senders = [
+            threading.Thread(target=_send, args=(conn, payload), name=f"collectives-send{rank}", daemon=True)
+            for rank, conn in enumerate(self.conns)
+            if not inline
+        ]
+        for conn in self.conns if inline else ():
+            _send(conn, payload)
+        for sender in senders:
+            sender.start()
         results: list[RankResult] = []
         outcome = self._collect(timeout_s, results)
+        for sender in senders:
+            sender.join()  # done: every rank took its task, or _collect killed the group, breaking the pipe
         if not self.start_rss:
             self.start_rss = [r.rss_bytes for r in results]
         return outcome, results
@@ -239,6 +253,13 @@ class WorkerGroup:
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
+
+
+def _send(conn: Connection, payload: bytes) -> None:
+    try:
+        conn.send_bytes(payload)
+    except OSError:
+        pass  # a rank that died just now: _collect reports it from its pipe and exit status
 
 
 def _test_frames(stack: str) -> str:

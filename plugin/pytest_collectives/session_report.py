@@ -1,8 +1,9 @@
 """``--node-report DIR``: the session's results gathered into node_report's data and written as a folder.
 
-Node validation in one command: the suites' outcomes, the all-pairs P2P matrix, the collectives' bus
-bandwidth and the baseline verdicts go to node_report.write_report, which judges the node. A run whose
-tests failed still gets its report, with the failures in it.
+Node validation in one command: the suites' outcomes, the all-pairs P2P bandwidth and latency matrices,
+each GPU's copies with host memory, the collectives' bus bandwidth and the baseline verdicts go to
+node_report.write_report, which judges the node. A run whose tests failed still gets its report, with the
+failures in it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import socket
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -24,6 +25,43 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduc
 MAX_LONGREPR = 4000
 
 
+class _PairGrid(NamedTuple):
+    matrix: list[list[float | None]]  # [src][dst], None on the diagonal
+    node: list[int]  # each rank's node
+    kind: str  # "GPU" or "rank"
+
+
+def _pair_grid(results: dict[str, BenchmarkEntry], matrix: str, figure: str) -> _PairGrid | None:
+    """``figure`` of every (src, dst) pair of the benchmarks marked ``matrix: <matrix>``, at the largest
+    message size measured; None when the run measured no such pair, or not every pair (some were
+    deselected): a partial matrix can't be judged pair against pair."""
+    pairs = [e.extra_info for e in results.values() if e.extra_info.get("matrix") == matrix]
+    if not pairs:
+        return None
+    largest = max(p["nbytes"] for p in pairs)
+    pairs = [p for p in pairs if p["nbytes"] == largest]
+    n = 1 + max(max(p["src"], p["dst"]) for p in pairs)
+    grid: list[list[float | None]] = [[None] * n for _ in range(n)]
+    node = [0] * n
+    for p in pairs:
+        grid[p["src"]][p["dst"]] = p[figure]
+        node[p["src"]], node[p["dst"]] = p.get("src_node", 0), p.get("dst_node", 0)
+    if any(grid[i][j] is None for i in range(n) for j in range(n) if i != j):
+        return None
+    return _PairGrid(grid, node, "GPU" if pairs[0].get("devices") != "cpu" else "rank")
+
+
+def _local(node: list[int]) -> list[int]:
+    """Each rank's index on its own node: ranks sit on their nodes in blocks."""
+    return [i - node.index(node[i]) for i in range(len(node))]
+
+
+def _labels(node: list[int], kind: str) -> list[str]:
+    local = _local(node)
+    several = len(set(node)) > 1
+    return [f"node{node[i]}:{kind}{local[i]}" if several else f"{kind}{i}" for i in range(len(node))]
+
+
 def p2p_matrix(results: dict[str, BenchmarkEntry], link: Callable[[int, int], str]) -> dict[str, Any] | None:
     """The all-pairs matrix (unidirectional GB/s) from the benchmarks marked ``matrix: pairs``, at the
     largest message size measured; None when the run measured no pairs.
@@ -31,27 +69,15 @@ def p2p_matrix(results: dict[str, BenchmarkEntry], link: Callable[[int, int], st
     ``link(i, j)`` is the class of the link between local devices i and j of one node; a pair on two nodes
     (SPMD mode) crosses the network, and its class is NETWORK_LINK.
     """
-    pairs = [e.extra_info for e in results.values() if e.extra_info.get("matrix") == "pairs"]
-    if not pairs:
+    grid = _pair_grid(results, "pairs", "algbw_GBps")
+    if grid is None:
         return None
-    largest = max(p["nbytes"] for p in pairs)
-    pairs = [p for p in pairs if p["nbytes"] == largest]
-    n = 1 + max(max(p["src"], p["dst"]) for p in pairs)
-    matrix: list[list[float | None]] = [[None] * n for _ in range(n)]
-    node = [0] * n
-    for p in pairs:
-        matrix[p["src"]][p["dst"]] = p["algbw_GBps"]
-        node[p["src"]], node[p["dst"]] = p.get("src_node", 0), p.get("dst_node", 0)
-    if any(matrix[i][j] is None for i in range(n) for j in range(n) if i != j):
-        return None  # a partial matrix (some pairs deselected) can't be judged pair against pair
-    local = [i - node.index(node[i]) for i in range(n)]  # ranks sit on their nodes in blocks
-    kind = "GPU" if pairs[0].get("devices") != "cpu" else "rank"
-    several = len(set(node)) > 1
+    node, local, n = grid.node, _local(grid.node), len(grid.node)
     return {
         "unit": "GB/s",
         "bidirectional": False,
-        "devices": [f"node{node[i]}:{kind}{local[i]}" if several else f"{kind}{i}" for i in range(n)],
-        "matrix": matrix,
+        "devices": _labels(node, grid.kind),
+        "matrix": grid.matrix,
         "classes": [
             [
                 "X" if i == j else NETWORK_LINK if node[i] != node[j] else link(local[i], local[j])
@@ -59,6 +85,40 @@ def p2p_matrix(results: dict[str, BenchmarkEntry], link: Callable[[int, int], st
             ]
             for i in range(n)
         ],
+    }
+
+
+def p2p_latency(results: dict[str, BenchmarkEntry]) -> dict[str, Any] | None:
+    """The all-pairs latency matrix (microseconds per message) from the benchmarks marked ``matrix: latency``;
+    None when the run measured no pairs."""
+    grid = _pair_grid(results, "latency", "latency_us")
+    return None if grid is None else {"devices": _labels(grid.node, grid.kind), "matrix_us": grid.matrix}
+
+
+# The report's column order: each direction with pinned memory (the link's speed) before pageable.
+HOST_SERIES = ("h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable", "bidir pinned", "local device")
+
+
+def host_device(results: dict[str, BenchmarkEntry]) -> dict[str, Any] | None:
+    """GB/s (algbw) of each GPU's copies with host memory and inside its own memory, from the benchmarks
+    marked ``matrix: host``, at the largest buffer size measured; None when the run measured none (a CPU
+    run). ``series[name][i]`` is GPU i's figure, None where it was not measured."""
+    copies = [e.extra_info for e in results.values() if e.extra_info.get("matrix") == "host"]
+    if not copies:
+        return None
+    # A bidirectional copy moves two buffers: the size that compares with the others is one buffer's.
+    largest = max(c["message_bytes"] for c in copies)
+    copies = [c for c in copies if c["message_bytes"] == largest]
+    n = 1 + max(c["device"] for c in copies)
+    node = [0] * n
+    series: dict[str, list[float | None]] = {name: [None] * n for name in HOST_SERIES}
+    for c in copies:
+        series.setdefault(f"{c['direction']} {c['memory']}", [None] * n)[c["device"]] = c["algbw_GBps"]
+        node[c["device"]] = c.get("node", 0)
+    return {
+        "bytes": largest,
+        "devices": _labels(node, "GPU"),
+        "series": {name: values for name, values in series.items() if any(v is not None for v in values)},
     }
 
 
@@ -119,6 +179,8 @@ class NodeReport:
             "p2p": p2p_matrix(
                 results, (lambda i, j: LOOPBACK_LINK) if cpu else partial(link_class, fingerprint)
             ),
+            "p2p_latency": p2p_latency(results),
+            "host_device": host_device(results),
             "collectives": collective_rows(results),
             "baseline": {
                 "available": gate_plugin.baseline_path is not None,

@@ -1,8 +1,9 @@
-"""Point-to-point: copies by memory against the send APIs, and the all-pairs bandwidth matrix.
+"""Point-to-point: copies by memory against the send APIs, and the all-pairs bandwidth and latency matrices.
 
 Seed 001 measured memcpy-based transfers (``tensor.to``/``copy_``) up to three times faster than NCCL's
 send/recv on PCIe; these benchmarks put the same question to any machine. Bidirectional figures count
-the bytes of both directions, like p2pBandwidthLatencyTest.
+the bytes of both directions, like p2pBandwidthLatencyTest. The all-pairs transfers are byte-checked
+(copycheck): a pair that is fast because its writes never land must fail, not top the matrix.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from copycheck import assert_copied, largest_group, pattern, sentinel
 
 from pytest_collectives.bench import measure
-from pytest_collectives.hooks import settings_of, world_sizes_of
 from pytest_collectives.ipc import share
 
 LATENCY_BYTES = 4
@@ -147,22 +148,36 @@ def test_tensor_to(pg, benchmark, peer, nbytes):
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """The all-pairs matrix: one benchmark per (src, dst) pair of the largest group."""
+    """The all-pairs matrices: one benchmark per (src, dst) pair of the largest group."""
     if "pair" in metafunc.fixturenames:
-        marker = metafunc.definition.get_closest_marker("world_size")
-        (n,) = world_sizes_of(marker.args, settings_of(metafunc.config)) or (1,)
+        n = largest_group(metafunc)
         pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
         metafunc.parametrize("pair", pairs, ids=[f"{s}to{d}" for s, d in pairs])
 
 
-@pytest.mark.world_size("max")
-def test_pair_bandwidth(pg, benchmark, pair, nbytes):
-    """p2pBandwidthLatencyTest's unidirectional matrix, one result per pair, by send/recv."""
+def checked_pair(pg, benchmark, pair: tuple[int, int], nbytes: int, matrix: str) -> None:
+    """One send/recv from src to dst, benchmarked, then the destination's bytes compared with the source's."""
     src, dst = pair
-    buf = torch.ones(nbytes // 4, device=pg.device)
-    inbox = torch.empty_like(buf)
+    # Every rank can rebuild the source's pattern, so the destination checks without a second transfer.
+    buf = pattern(nbytes, src, pg.device).view(torch.float32)
+    inbox = sentinel(nbytes, pg.device).view(torch.float32)
     benchmark.extra_info.update(
-        dtype="float32", src=src, dst=dst, mode="send_recv", matrix="pairs", link=pg.link(src, dst),
+        dtype="float32", src=src, dst=dst, mode="send_recv", matrix=matrix, link=pg.link(src, dst),
         src_node=pg.node_of(src), dst_node=pg.node_of(dst),
     )  # fmt: skip
     benchmark(transfer, "send_recv", "unidir", buf, inbox, pg.rank, src, dst, nbytes=nbytes, collective="p2p")
+    if pg.rank == dst:
+        assert_copied(inbox, buf, f"rank {src} -> rank {dst}")
+
+
+@pytest.mark.world_size("max")
+def test_pair_bandwidth(pg, benchmark, pair, nbytes):
+    """p2pBandwidthLatencyTest's unidirectional bandwidth matrix, one result per pair, by send/recv."""
+    checked_pair(pg, benchmark, pair, nbytes, "pairs")
+
+
+@pytest.mark.world_size("max")
+def test_pair_latency(pg, benchmark, pair):
+    """p2pBandwidthLatencyTest's latency matrix: the time per 4-byte send/recv from src to dst, messages sent
+    back to back as that tool times its copies (test_send_latency's ping-pong gives one pair's round trip)."""
+    checked_pair(pg, benchmark, pair, LATENCY_BYTES, "latency")
