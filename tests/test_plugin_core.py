@@ -399,14 +399,17 @@ def test_other_size(pg):
 """
 
 
-def _session(pytester: pytest.Pytester, tag: str, *args: str, **env: str) -> tuple[subprocess.Popen, str]:
+def _session(
+    pytester: pytest.Pytester, tag: str, *args: str, log: bool = False, **env: str
+) -> tuple[subprocess.Popen, str]:
+    """pytest on PID_TEST in a subprocess, its output to a pipe or (``log``) to a file as CI jobs often do."""
     pytester.makepyfile(**{f"test_{tag}": PID_TEST})
     pids = str(pytester.path / f"{tag}.pids")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"test_{tag}.py", *args],
         cwd=pytester.path,
         env={**os.environ, "PIDS_FILE": pids, **env},
-        stdout=subprocess.PIPE,
+        stdout=open(pytester.path / f"{tag}.log", "w") if log else subprocess.PIPE,  # noqa: SIM115
         stderr=subprocess.STDOUT,
         text=True,
     )
@@ -435,17 +438,20 @@ def _exists(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    "args, env, stop",
+    "args, env, stop, log",
     [
-        ((), {}, None),
-        (("-x",), {"FAIL": "1"}, None),
-        ((), {"SLEEP": "60"}, signal.SIGINT),
-        ((), {"SLEEP": "60"}, signal.SIGKILL),
+        ((), {}, None, False),
+        (("-x",), {"FAIL": "1"}, None, False),
+        ((), {"SLEEP": "60"}, signal.SIGINT, False),
+        ((), {"SLEEP": "60"}, signal.SIGKILL, False),
+        # With its output in a file, nothing breaks a pipe when pytest is killed: only the ranks' own
+        # watch on pytest ends them (the forkserver outlives pytest while they live).
+        ((), {"SLEEP": "60"}, signal.SIGKILL, True),
     ],
-    ids=["normal", "exitfirst", "ctrl-c", "sigkill"],
+    ids=["normal", "exitfirst", "ctrl-c", "sigkill", "sigkill-output-to-file"],
 )
-def test_no_worker_outlives_the_session(pytester: pytest.Pytester, args, env, stop) -> None:
-    proc, pids = _session(pytester, "orphans", *args, **env)
+def test_no_worker_outlives_the_session(pytester: pytest.Pytester, args, env, stop, log) -> None:
+    proc, pids = _session(pytester, "orphans", *args, log=log, **env)
     if stop is not None:
         deadline = time.monotonic() + 60
         while not (os.path.exists(pids) and len(open(pids).read().split()) >= 2):
@@ -454,6 +460,7 @@ def test_no_worker_outlives_the_session(pytester: pytest.Pytester, args, env, st
         time.sleep(0.5)
         proc.send_signal(stop)
     out, _ = proc.communicate(timeout=120)
+    out = out or (pytester.path / "orphans.log").read_text()
     assert open(pids).read().split(), out
     assert _alive(pids) == [], f"workers left behind:\n{out}"
 

@@ -22,6 +22,7 @@ class GroupSpec:
     timeout_s: float  # the backend's own timeout, kept above the controller's deadline
     threads_per_rank: int
     env: dict[str, str]  # pytest's environment when the group starts: the forkserver's may be older
+    controller_pid: int = 0  # the pytest process the ranks answer to: they end when it does
 
 
 @dataclasses.dataclass(frozen=True)

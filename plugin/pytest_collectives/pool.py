@@ -319,6 +319,7 @@ class GroupPool:
             timeout_s=self.timeout_s + 60.0,
             threads_per_rank=max(1, cores // world_size),
             env=dict(os.environ),
+            controller_pid=os.getpid(),
         )
 
     def group(self, world_size: int, lost: list[RankReport] | None = None) -> WorkerGroup:

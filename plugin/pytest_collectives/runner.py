@@ -24,8 +24,10 @@ import importlib
 import importlib.util
 import os
 import random
+import select
 import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -104,6 +106,33 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         os._exit(1)
+
+
+def _die_with_controller(pid: int) -> None:
+    """End this rank when the pytest process ``pid`` ends, however it ends.
+
+    The forkserver exits once every holder of its liveness pipe has closed it, and each process it forks
+    inherits one (so it could use the forkserver itself): while a rank lives, a SIGKILLed pytest leaves
+    the forkserver, and so the ranks and their GPUs, alive for ever. So the rank watches pytest itself.
+    """
+    if not pid:
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):  # Linux before 5.3: look every second
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the process has exited
+        else:
+            while os.path.exists(f"/proc/{pid}"):
+                time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="collectives-watch-pytest", daemon=True).start()
 
 
 def _open_capture(path: Path) -> int:
@@ -359,6 +388,7 @@ def _init_process_group(spec: GroupSpec, rank: int, device: torch.device) -> Non
 def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     """Entry point of one rank (run in a process forked from the preloaded forkserver)."""
     _die_with_parent()
+    _die_with_controller(spec.controller_pid)
     files = rank_files(spec.workdir, rank)
     capture = _Capture(files)
     faulthandler.enable(file=sys.stderr, all_threads=True)
