@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from pytest_collectives.report import hang_culprit
+
 HEADER = """
 import os, signal, time
 import pytest
@@ -144,6 +146,47 @@ def test_hang_is_reported_with_stacks_and_the_session_goes_on(pytester: pytest.P
         ]
     )
     assert elapsed < 3 + 5 + 2, f"hang took {elapsed:.1f}s to report"  # + startup of the group
+
+
+def test_a_hang_blames_the_rank_outside_the_collective_the_others_wait_in(pytester: pytest.Pytester) -> None:
+    make(
+        pytester,
+        """
+        import time
+
+        @pytest.mark.world_size(3)
+        def test_one_rank_sleeps(pg):
+            if pg.rank == 1:
+                time.sleep(600)  # the bug: the others wait for it in the barrier
+            dist.barrier()
+        """,
+    )
+    result = pytester.runpytest("--dist-timeout", "3")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*3 of 3 ranks did not pass (hung on ranks 0,1,2); rank 1 is the likely cause: it is not in "
+            "barrier, which ranks 0,2 wait in*",
+            "*rank 1: HUNG, still running 3 s after the test started (--dist-timeout) (likely cause)*",
+        ]
+    )
+    # the blamed rank's section comes first
+    text = result.stdout.str()
+    assert text.index("rank 1: HUNG") < text.index("rank 0: HUNG") < text.index("rank 2: HUNG")
+
+
+def test_hang_culprit_needs_one_rank_apart_from_a_shared_collective() -> None:
+    def stack(*functions: str) -> str:
+        c10d = '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 4159 in '
+        frames = {f: c10d + f for f in ("barrier", "all_reduce")}
+        frames["test"] = '  File "/tmp/test_it.py", line 7 in test_it'
+        return "Current thread 0x1 (most recent call first):\n" + "\n".join(frames[f] for f in functions)
+
+    waiting, working = stack("barrier", "test"), stack("test")
+    assert hang_culprit({0: waiting, 1: working, 2: waiting}) == (1, "barrier")
+    assert hang_culprit({0: waiting, 1: waiting}) is None  # all inside: a deadlock of the backend
+    assert hang_culprit({0: working, 1: working, 2: waiting}) is None  # two suspects: say nothing
+    assert hang_culprit({0: stack("all_reduce", "test"), 1: working, 2: waiting}) is None  # mismatched calls
 
 
 @pytest.mark.parametrize(
@@ -279,6 +322,31 @@ def test_hypothesis_examples_run_on_every_rank_with_the_same_values(pytester: py
     result.stdout.fnmatch_lines(["*: test_shrinks(*", "*n=*,*", "*rank 1: FAILED*"])
     shown = re.findall(r"^\s+n=(\d+),$", result.stdout.str(), flags=re.M)
     assert shown and all(int(n) >= 100 for n in shown), shown
+
+
+def test_hypothesis_tells_two_bugs_on_the_ranks_apart(pytester: pytest.Pytester) -> None:
+    # Hypothesis tells bugs apart by exception type and raise line; the failures it sees are raised by the
+    # plugin, so without a type per cause the two bugs below are one, and shrinking drifts between them.
+    make(
+        pytester,
+        """
+        from hypothesis import given, settings, strategies as st
+
+        @pytest.mark.world_size(2)
+        @settings(max_examples=200, deadline=None, database=None, report_multiple_bugs=True)
+        @given(n=st.integers(0, 1000))
+        def test_two_bugs(pg, n):
+            if pg.rank == 1 and n >= 500:
+                raise ValueError("large")
+            if pg.rank == 0 and n % 10 == 3:
+                raise KeyError("ends in 3")
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "DistributedTestFailure[ValueError at test_it.py:" in text, text
+    assert "DistributedTestFailure[KeyError at test_it.py:" in text, text
 
 
 def test_subgroups_from_the_pg_fixture(pytester: pytest.Pytester) -> None:
@@ -496,3 +564,23 @@ def test_ranks_see_the_environment_pytest_has_when_their_group_starts(pytester: 
         """,
     )
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_torch_older_than_the_calls_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pyproject.toml admits torch 2.1: get_default_device came in 2.3, init_process_group's device_id in 2.2.
+    import torch
+    import torch.distributed as dist
+
+    from pytest_collectives import runner
+
+    gpu = torch.device("cuda", 0)
+    assert runner.bound_device("nccl", gpu) == {"device_id": gpu}
+    assert runner.bound_device("gloo", torch.device("cpu")) == {}
+    monkeypatch.delattr(torch, "get_default_device")
+    assert runner.default_device() == torch.device("cpu")
+
+    def init_process_group_2_1(backend, init_method=None, timeout=None, world_size=-1, rank=-1, store=None):
+        pass
+
+    monkeypatch.setattr(dist, "init_process_group", init_process_group_2_1)
+    assert runner.bound_device("nccl", gpu) == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,29 @@ def test_benchmarks_refuse_to_run_under_xdist(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout
     assert "benchmark not run under pytest-xdist" in result.stdout
     assert "it needs the whole node; run benchmarks without -n" in result.stdout
+
+
+WHO_REPORTS = """
+import os
+
+def pytest_sessionfinish(session):
+    where = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    plugins = [n for n in ("collectives-gate", "collectives-node-report")
+               if session.config.pluginmanager.get_plugin(n) is not None]
+    with open("who_reports.txt", "a") as f:
+        f.write(f"{where}: {','.join(plugins) or '-'}\\n")
+"""
+
+
+@pytest.mark.slow
+def test_only_the_controller_gates_and_reports(tmp_path: Path) -> None:
+    # Each worker sees only its share of the tests: a report per worker would race for the folder and
+    # say the node was judged on a part of the run.
+    (tmp_path / "test_inner.py").write_text(INNER)
+    (tmp_path / "conftest.py").write_text(WHO_REPORTS)
+    result = run(tmp_path, "-n", "2", "--benchmark-disable", "--node-report", "report")
+    assert result.returncode == 1, result.stdout
+    lines = sorted((tmp_path / "who_reports.txt").read_text().splitlines())
+    assert lines == ["controller: collectives-gate,collectives-node-report", "gw0: -", "gw1: -"], lines
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["tests"]["passed"] + report["tests"]["failed"] == 11

@@ -60,8 +60,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     session = DistributedSession(config, settings) if env is None else spmd.SpmdSession(config, settings, env)
     config.pluginmanager.register(session, "collectives-session")
-    if env is not None and env.rank != 0:
-        return  # in SPMD mode rank 0 alone compares, saves and reports
+    if (env is not None and env.rank != 0) or xdist_support.worker(os.environ) is not None:
+        # One process compares, saves and reports for the session: rank 0 in SPMD mode, the controller
+        # under xdist (it sees every worker's test reports; benchmarks do not run on workers).
+        return
     baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus, can_remeasure=env is None)
     config.pluginmanager.register(baseline_gate, "collectives-gate")
     if config.getoption("node_report"):
@@ -289,7 +291,7 @@ class DistributedSession:
         if verdict == "skipped":
             pytest.skip(outcome.skip_reason())
         if verdict == "failed":
-            raise DistributedTestFailure(outcome)
+            raise DistributedTestFailure.of(outcome)
         if isinstance(shipped.get("benchmark"), BenchSpec):
             s = self.settings
             context = {"world_size": n, "backend": s.backend, "devices": list(range(n)) if s.gpus else "cpu"}

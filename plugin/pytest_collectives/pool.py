@@ -26,6 +26,7 @@ from .report import (
     GroupOutcome,
     RankReport,
     exit_reason,
+    hang_culprit,
     likely_cause,
 )
 from .runner import STACK_SIGNAL, rank_files, worker_main
@@ -169,6 +170,8 @@ class WorkerGroup:
                 why = "it never received this test: it stopped reading tasks after the previous one" * idle
                 reports[rank] = RankReport(rank, HUNG, why, stack=stacks.get(rank, "(no stack was written)"))
         outcome = GroupOutcome([reports[r] for r in range(n)], likely_cause(reports, failures), timeout_s)
+        if missing and not failures:
+            outcome.culprit = hang_culprit({r: reports[r].stack for r in missing})
         self._attach_output(outcome)
         if missing or any(r.status == CRASHED for r in outcome.ranks):
             outcome.replaced.append("a rank hung or crashed")
@@ -263,9 +266,20 @@ def _send(conn: Connection, payload: bytes) -> None:
 
 
 def _test_frames(stack: str) -> str:
-    """A faulthandler dump without the frames of the harness below the test (runner, multiprocessing)."""
-    harness = (os.path.dirname(multiprocessing.__file__), rank_files.__code__.co_filename, '"<string>"')
-    return "\n".join(line for line in stack.splitlines() if not any(h in line for h in harness))
+    """A faulthandler dump without the frames of the harness below the test (runner, multiprocessing,
+    threading) and without the threads that had nothing else (the rank's watch on pytest)."""
+    harness = (
+        os.path.dirname(multiprocessing.__file__),
+        rank_files.__code__.co_filename,
+        threading.__file__,
+        '"<string>"',
+    )
+    threads = []
+    for block in stack.strip().split("\n\n"):
+        lines = [line for line in block.splitlines() if not any(h in line for h in harness)]
+        if any(line.lstrip().startswith("File ") for line in lines):
+            threads.append("\n".join(lines))
+    return "\n\n".join(threads)
 
 
 def _read(path: Path) -> str:
@@ -339,7 +353,7 @@ class GroupPool:
         failure = group.wait_ready(self.timeout_s)
         if failure is not None:
             failure.replaced.append("the group failed to start")
-            raise DistributedTestFailure(failure)
+            raise DistributedTestFailure.of(failure)
         self.groups[key] = group
         return group
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from .messages import FAILED, PASSED, SKIPPED
 
@@ -27,6 +28,8 @@ class GroupOutcome:
     first_failed: int | None = None  # the likely cause when several ranks fail
     timeout_s: float = 0.0
     replaced: list[str] = dataclasses.field(default_factory=list)  # why the group was thrown away
+    # In a hang: the rank outside the collective every other hung rank waits in, and that collective.
+    culprit: tuple[int, str] | None = None
 
     def verdict(self) -> str:
         statuses = {r.status for r in self.ranks}
@@ -47,7 +50,8 @@ class GroupOutcome:
         """The failure text: a summary line, then each failing rank in order, the likely cause first."""
         bad = [r for r in self.ranks if r.status != PASSED]
         lines = [self._summary(bad)]
-        order = sorted(bad, key=lambda r: (r.rank != self.first_failed, r.rank))
+        blamed = self.first_failed if self.culprit is None else self.culprit[0]
+        order = sorted(bad, key=lambda r: (r.rank != blamed, r.rank))
         for report in order:
             lines.append("")
             lines.append(f"{'=' * 20} rank {report.rank}: {self._describe(report)} {'=' * 20}")
@@ -69,6 +73,13 @@ class GroupOutcome:
         head = f"{len(bad)} of {n} ranks did not pass ({'; '.join(parts)})"
         if self.first_failed is not None and len(bad) > 1:
             head += f"; rank {self.first_failed} failed first"
+        if self.culprit is not None:
+            rank, collective = self.culprit
+            waiting = [r.rank for r in bad if r.rank != rank]
+            head += (
+                f"; rank {rank} is the likely cause: it is not in {collective}, which rank"
+                f"{'s' * (len(waiting) > 1)} {_ranks(waiting)} wait{'s' * (len(waiting) == 1)} in"
+            )
         if self.replaced:
             head += f"; the group was replaced: {'; '.join(self.replaced)}"
         return head
@@ -81,7 +92,8 @@ class GroupOutcome:
                 if self.first_failed is None
                 else f"still running after rank {self.first_failed} failed"
             )
-            return f"HUNG, {why}{first}"
+            cause = " (likely cause)" if self.culprit is not None and self.culprit[0] == report.rank else ""
+            return f"HUNG, {why}{first}{cause}"
         return f"{report.status.upper()}{first}"
 
     def sections(self) -> list[tuple[str, str]]:
@@ -117,6 +129,27 @@ def likely_cause(reports: dict[int, RankReport], failures: list[int]) -> int | N
     return (crashed or own or failures or [None])[0]
 
 
+_C10D_FRAME = re.compile(r'File ".*[/\\]torch[/\\]distributed[/\\]distributed_c10d\.py", line \d+ in (\w+)')
+
+
+def collective_waited_in(stack: str) -> str | None:
+    """The torch.distributed call a faulthandler dump (most recent call first) shows the rank inside."""
+    found = _C10D_FRAME.search(stack)
+    return found.group(1) if found else None
+
+
+def hang_culprit(stacks: dict[int, str]) -> tuple[int, str] | None:
+    """In a hang, the rank to blame: when every hung rank but one is inside the same collective, the one
+    that is not (it is still in the test's own code, so the others wait for it), with that collective.
+    None when the stacks tell nothing apart (all inside it, all outside, or several outside)."""
+    inside = {rank: collective_waited_in(stack) for rank, stack in stacks.items()}
+    outside = [rank for rank, collective in inside.items() if collective is None]
+    waited = {collective for collective in inside.values() if collective is not None}
+    if len(outside) == 1 and len(waited) == 1 and len(stacks) > 1:
+        return outside[0], waited.pop()
+    return None
+
+
 def exit_reason(exitcode: int | None) -> str:
     import signal
 
@@ -133,8 +166,49 @@ def exit_reason(exitcode: int | None) -> str:
 
 
 class DistributedTestFailure(Exception):
-    """Raised in the controller when a distributed test did not pass on every rank."""
+    """Raised in the controller when a distributed test did not pass on every rank.
+
+    Raise ``DistributedTestFailure.of(outcome)``: hypothesis tells bugs apart by exception type and the
+    line it was raised at, and every distributed failure is raised at one line of the plugin, so each
+    cause gets a subclass of its own (the likely-cause rank's exception type and where it was raised, or
+    how the rank died): shrinking stays on one bug, and report_multiple_bugs separates them.
+    """
 
     def __init__(self, outcome: GroupOutcome) -> None:
         super().__init__(outcome.render())
         self.outcome = outcome
+
+    @classmethod
+    def of(cls, outcome: GroupOutcome) -> DistributedTestFailure:
+        return _failure_class(_cause(outcome))(outcome)
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
+def _cause(outcome: GroupOutcome) -> str:
+    """What failed, for telling failures apart: 'ValueError at test_x.py:12', 'crashed', 'hung'."""
+    bad = [r for r in outcome.ranks if r.status != PASSED]
+    blamed = outcome.culprit[0] if outcome.culprit else outcome.first_failed
+    report = next((r for r in bad if r.rank == blamed), bad[0] if bad else None)
+    if report is None or report.status != FAILED:
+        return report.status if report else "failed"
+    lines = report.detail.splitlines()
+    frames = [i for i, line in enumerate(lines) if _FRAME.match(line)]
+    if not frames:
+        return "failed"
+    file, line = _FRAME.match(lines[frames[-1]]).groups()  # type: ignore[union-attr]
+    kind = next((m.group(1) for text in lines[frames[-1] + 1 :] if (m := _EXCEPTION.match(text))), "Error")
+    return f"{kind} at {file.rsplit('/', 1)[-1]}:{line}"
+
+
+_FAILURE_CLASSES: dict[str, type[DistributedTestFailure]] = {}
+
+
+def _failure_class(cause: str) -> type[DistributedTestFailure]:
+    if cause not in _FAILURE_CLASSES:
+        _FAILURE_CLASSES[cause] = type(
+            f"DistributedTestFailure[{cause}]", (DistributedTestFailure,), {"__module__": __name__}
+        )
+    return _FAILURE_CLASSES[cause]

@@ -22,6 +22,7 @@ import faulthandler
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import random
 import select
@@ -286,8 +287,8 @@ def _health(spec: GroupSpec, device: torch.device) -> list[str]:
     pending = _pending_ops()
     if pending:
         reasons.append(f"the test left {pending} async op(s) unfinished")
-    if torch.get_default_device() != torch.device("cpu"):
-        reasons.append(f"the test changed the default device to {torch.get_default_device()}")
+    if default_device() != torch.device("cpu"):
+        reasons.append(f"the test changed the default device to {default_device()}")
     if torch.get_default_dtype() != torch.float32:
         reasons.append(f"the test changed the default dtype to {torch.get_default_dtype()}")
     if device.type == "cuda" and torch.cuda.current_device() != device.index:
@@ -370,18 +371,32 @@ def inject_fault(point: str, rank: int) -> None:
 # --- the worker's life ----------------------------------------------------------------------------
 
 
+# --- what older torch lacks (the floor in pyproject.toml is older than these) ---------------------------
+
+
+def default_device() -> torch.device:
+    """torch.get_default_device (torch 2.3); before it, where a new tensor lands."""
+    getter = getattr(torch, "get_default_device", None)
+    return getter() if getter is not None else torch.empty(()).device
+
+
+def bound_device(backend: str, device: torch.device) -> dict[str, Any]:
+    """init_process_group's device_id for NCCL (torch 2.2): eager init, so a broken GPU fails at start
+    rather than mid-test. Older torch initialises lazily: nothing to pass."""
+    if backend != "nccl" or "device_id" not in inspect.signature(dist.init_process_group).parameters:
+        return {}
+    return {"device_id": device}
+
+
 def _init_process_group(spec: GroupSpec, rank: int, device: torch.device) -> None:
     store = dist.FileStore(spec.store_path, spec.world_size)
-    kwargs: dict[str, Any] = {}
-    if spec.backend == "nccl":
-        kwargs["device_id"] = device  # eager NCCL init: a broken GPU fails at start, not mid-test
     dist.init_process_group(
         spec.backend,
         store=store,
         rank=rank,
         world_size=spec.world_size,
         timeout=datetime.timedelta(seconds=spec.timeout_s),
-        **kwargs,
+        **bound_device(spec.backend, device),
     )
 
 

@@ -327,12 +327,12 @@ class SpmdSession:
         import torch
         import torch.distributed as dist
 
+        from .runner import bound_device
+
         env = self.env
         self.device = torch.device("cuda", env.local_rank) if self.settings.gpus else torch.device("cpu")
-        kwargs: dict[str, Any] = {}
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-            kwargs["device_id"] = self.device
         joining = f"joining the process group at {env.master_addr}:{env.master_port}"
         self.watchdog.arm(joining, max(self.timeout, START_TIMEOUT_S))
         dist.init_process_group(
@@ -342,7 +342,7 @@ class SpmdSession:
             world_size=env.world_size,
             # above every deadline of ours: the watchdog, with its stacks, ends a hang first
             timeout=datetime.timedelta(seconds=max(self.timeout, START_TIMEOUT_S) + 60.0),
-            **kwargs,
+            **bound_device(self.settings.backend, self.device),
         )
         self._control = (
             dist.new_group(backend="gloo") if self.settings.backend != "gloo" else dist.group.WORLD
@@ -465,7 +465,7 @@ class SpmdSession:
         if verdict == SKIPPED:
             pytest.skip(outcome.skip_reason())
         if verdict == FAILED:
-            raise DistributedTestFailure(outcome)
+            raise DistributedTestFailure.of(outcome)
         if bench is not None and hasattr(bench, "_make_stats"):
             devices = list(range(n)) if self.settings.gpus else "cpu"
             context = {"world_size": n, "backend": self.settings.backend, "devices": devices}
