@@ -84,3 +84,29 @@ def test_cpu_benchmarks_never_run_more_ranks_than_usable_cores(pytester, monkeyp
     result.stdout.fnmatch_lines(
         ["SKIPPED * benchmark of 3 CPU ranks on 2 usable core(s) would time the scheduler, not the comm*"]
     )
+
+
+def test_the_shim_reaches_what_it_needs_in_the_installed_pytest_benchmark(pytester):
+    # benchmark_shim.py is the one place that uses pytest-benchmark's private attributes: check each against
+    # the real fixture, so an upgrade that moves one fails here, not in a user's session.
+    pytester.makepyfile(
+        """
+        from pytest_collectives import benchmark_shim
+
+        def test_shim(benchmark, request):
+            assert benchmark_shim.is_fixture(benchmark) and not benchmark_shim.is_fixture(object())
+            given = benchmark_shim.settings(benchmark)
+            assert given["enabled"] and given["min_rounds"] == 3 and given["max_time_s"] == 0.25
+            assert given["min_time_s"] == 0.002 and given["warmup"] == 0
+            assert benchmark_shim.session_results(request.config) == []
+            benchmark_shim.new_stats(benchmark, 4).update(0.4)  # a round of 4 calls
+            benchmark_shim.mark_used(benchmark)
+            [result] = benchmark_shim.session_results(request.config)
+            assert result.fullname.endswith("test_shim") and result.stats.data == [0.1]
+        """
+    )
+    result = pytester.runpytest(
+        "-p", "no:randomly", "--benchmark-min-rounds", "3", "--benchmark-max-time", "0.25",
+        "--benchmark-min-time", "0.002",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)

@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import benchmark_shim
+
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
@@ -109,13 +111,13 @@ class BenchSpec:
 
     @classmethod
     def from_fixture(cls, fixture: Any) -> BenchSpec:
-        # _warmup: --benchmark-warmup-iterations when --benchmark-warmup is on, else False
+        given = benchmark_shim.settings(fixture)
         return cls(
-            enabled=not fixture.disabled,
-            min_rounds=fixture._min_rounds,
-            max_time_s=fixture._max_time,
-            min_time_s=fixture._min_time,
-            warmup_iterations=max(WARMUP_ITERATIONS, int(fixture._warmup or 0)),
+            enabled=given["enabled"],
+            min_rounds=given["min_rounds"],
+            max_time_s=given["max_time_s"],
+            min_time_s=given["min_time_s"],
+            warmup_iterations=max(WARMUP_ITERATIONS, given["warmup"]),
         )
 
     @property
@@ -128,7 +130,7 @@ def record(fixture: Any, data: dict[str, Any] | None, context: dict[str, Any]) -
     if not data or not data["samples"]:
         return
     iterations = data["iterations"]
-    stats = fixture._make_stats(iterations)
+    stats = benchmark_shim.new_stats(fixture, iterations)
     for seconds in data["samples"]:
         stats.update(seconds * iterations)  # pytest-benchmark divides a round by its iterations
     median = sorted(data["samples"])[len(data["samples"]) // 2]

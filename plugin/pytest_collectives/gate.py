@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from . import gate_report
+from . import benchmark_shim, gate_report
 from .baselines import (
     KEEP_RUNS,
     BaselineError,
@@ -72,9 +72,8 @@ def addoptions(parser: pytest.Parser, group: Any) -> None:
 
 def collect_results(config: pytest.Config) -> dict[str, BenchmarkEntry]:
     """Every benchmark pytest-benchmark recorded in this session, by its full test id."""
-    session = getattr(config, "_benchmarksession", None)
     results = {}
-    for bench in getattr(session, "benchmarks", []):
+    for bench in benchmark_shim.session_results(config):
         if bench.stats.data:
             results[bench.fullname] = BenchmarkEntry.from_samples(
                 bench.stats.data, bench.extra_info, bench.iterations
@@ -298,14 +297,14 @@ class BaselineGate:
                 "would have to rerun them; the first measurement stands"
             )
             return
-        bs = self.config._benchmarksession
+        recorded = benchmark_shim.session_results(self.config)
         items = {item.nodeid: item for item in session.items}
         for row in flagged:
-            item, before = items.get(row.name), len(bs.benchmarks)
+            item, before = items.get(row.name), len(recorded)
             if item is not None:
                 runtestprotocol(item, nextitem=None, log=False)
-            again = [b for b in bs.benchmarks[before:] if b.fullname == row.name and b.stats.data]
-            del bs.benchmarks[before:]  # pytest-benchmark's table and JSON keep the first measurement
+            again = [b for b in recorded[before:] if b.fullname == row.name and b.stats.data]
+            del recorded[before:]  # pytest-benchmark's table and JSON keep the first measurement
             if not again:
                 self.lines.append(f"{row.name}: could not be measured again; the first measurement stands")
                 continue

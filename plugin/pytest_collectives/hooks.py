@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from . import gate, options, session_report
+from . import benchmark_shim, gate, options, session_report
 from .bench import BenchSpec, record
 from .messages import Task
 from .report import DistributedTestFailure, GroupOutcome
@@ -273,7 +273,7 @@ class DistributedSession:
                 pytrace=False,
             )
         if isinstance(shipped.get("benchmark"), BenchSpec):
-            kwargs["benchmark"]._mode = "benchmark(...) on the ranks"  # used, though not by its own timer
+            benchmark_shim.mark_used(kwargs["benchmark"])
         self.calls[n] = self.calls.get(n, 0) + 1
         outcome = self.pool.run(task, n)
         item.stash[_outcome_key] = outcome
@@ -331,7 +331,7 @@ def _shippable(name: str, value: Any) -> Any:
     """What a controller-side argument becomes on the ranks: pg and benchmark are rebuilt there."""
     if isinstance(value, OnRanks):
         return None
-    if name == "benchmark" and hasattr(value, "_make_stats"):
+    if name == "benchmark" and benchmark_shim.is_fixture(value):
         return BenchSpec.from_fixture(value)
     return value
 

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import pytest
 
-from . import options
+from . import benchmark_shim, options
 from .bench import BenchSpec, record
 from .hooks import (
     DistributedSession,
@@ -445,8 +445,8 @@ class SpmdSession:
         seed = stable_seed(item, kwargs)
         what = f"{item.nodeid} ({n} ranks)"
         bench = kwargs.get("benchmark")
-        if bench is not None and hasattr(bench, "_make_stats"):
-            bench._mode = "benchmark(...) on the ranks"  # used, though not by its own timer
+        if bench is not None and benchmark_shim.is_fixture(bench):
+            benchmark_shim.mark_used(bench)
         report = None
         if self.env.rank < n:
             self.watchdog.arm(what, self.timeout)
@@ -466,7 +466,7 @@ class SpmdSession:
             pytest.skip(outcome.skip_reason())
         if verdict == FAILED:
             raise DistributedTestFailure.of(outcome)
-        if bench is not None and hasattr(bench, "_make_stats"):
+        if bench is not None and benchmark_shim.is_fixture(bench):
             devices = list(range(n)) if self.settings.gpus else "cpu"
             context = {"world_size": n, "backend": self.settings.backend, "devices": devices}
             record(bench, outcome.benchmark(), context)
@@ -488,7 +488,7 @@ class SpmdSession:
             if isinstance(value, OnRanks):
                 kwargs[name] = ctx
         rank_bench = None
-        if "benchmark" in kwargs and hasattr(kwargs["benchmark"], "_make_stats"):
+        if "benchmark" in kwargs and benchmark_shim.is_fixture(kwargs["benchmark"]):
             spec = BenchSpec.from_fixture(kwargs["benchmark"])
             rank_bench = kwargs["benchmark"] = RankBenchmark(spec, self.device)
         world = dist.group.WORLD
