@@ -136,7 +136,7 @@ def init_fault(request):
     """Set the fault in pytest's environment, which the next group to start inherits, and make this test
     start one (the warm group of its size is thrown away)."""
     session = request.config.pluginmanager.get_plugin("collectives-session")
-    session.pool.discard(request.node.callspec.params["world_size"])
+    session.launcher.pool.discard(request.node.callspec.params["world_size"])
     os.environ["COLLECTIVES_FAULT"] = request.node.get_closest_marker("init_fault").args[0]
     yield
     del os.environ["COLLECTIVES_FAULT"]

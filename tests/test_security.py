@@ -82,7 +82,7 @@ def test_ranks_listen_on_loopback_only(pg):
 
 @pytest.fixture
 def live_pool(request):
-    pool = request.config.pluginmanager.get_plugin("collectives-session").pool
+    pool = request.config.pluginmanager.get_plugin("collectives-session").launcher.pool
     assert pool.pids(), "no worker group is running: this check must run after a distributed test"
     return pool
 

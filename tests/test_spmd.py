@@ -233,6 +233,29 @@ def test_every_rank_made_the_test_groups(pg, tmp_path):
     if SPMD:  # with a bound GPU, a group made by its own ranks alone hangs or is refused
         assert all(([0, 1], False) in groups for groups in made), made
 
+@pytest.mark.world_size(2)
+@settings(max_examples=50)
+@given(n=st.integers(0, 1000))
+def test_shrinks(pg, n):
+    assert n < 100 or pg.rank == 0
+
+@pytest.mark.world_size(2)
+def test_bench(pg, benchmark):
+    t = torch.ones(256)
+    benchmark(dist.all_reduce, t, nbytes=1024, collective="all_reduce")
+
+@pytest.mark.world_size("max")
+def test_max(pg):
+    assert pg.world_size == 4
+
+@pytest.mark.world_size(2)
+def test_leaves_float64_as_default(pg):
+    torch.set_default_dtype(torch.float64)
+
+@pytest.mark.world_size(4)
+def test_the_next_test_gets_float32(pg):  # ranks 0 and 1 ran the test above in this very process (SPMD)
+    assert torch.get_default_dtype() == torch.float32
+
 @pytest.mark.world_size(4)
 def test_nodes(pg):
     spmd = "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ
@@ -321,8 +344,9 @@ def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str) -> None:
     (tmp_path / "test_inner.py").write_text(INNER)
     (tmp_path / "conftest.py").write_text(CONFTEST)
     args = ["test_inner.py", "--rootdir", str(tmp_path), "--dist-timeout", "60", "-s"]
+    args += ["--benchmark-max-time", "0.05", "--benchmark-min-rounds", "3"]
     launch = torchrun_two_nodes if launcher == "torchrun" else srun_two_nodes
-    codes, text = launch(tmp_path, [*args, "--junitxml", "spmd.xml"], timeout_s=240)
+    codes, text = launch(tmp_path, [*args, "--junitxml", "spmd.xml", "--benchmark-json", "spmd.json"], 240)
     assert all(code != 0 for code in codes), text  # a test failed: every node reports failure
     assert text.count("test session starts") == 1, text  # only rank 0 prints
     for line in [
@@ -331,11 +355,14 @@ def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str) -> None:
         "AssertionError: rank two disagrees",
         "hello from rank 3",
         f"collectives: SPMD mode ({launcher}), 4 ranks on 2 node(s)",
-        "1 failed, 6 passed",
+        "rank state restored: rank 0: the test changed the default dtype to torch.float64; rank 1: "
+        "the test changed the default dtype to torch.float64",
+        "2 failed, 10 passed",
     ]:
         assert line in text, text
+    pooled_args = [*args, "--junitxml", "pooled.xml", "--benchmark-json", "pooled.json"]
     pooled = subprocess.run(
-        [sys.executable, "-m", "pytest", *PLUGIN, *args, "--junitxml", "pooled.xml"],
+        [sys.executable, "-m", "pytest", *PLUGIN, *pooled_args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -346,6 +373,14 @@ def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str) -> None:
     # One seed for a test in both modes, so a failure seen under torchrun replays under the pool.
     seeds = re.findall(r"pg\.seed=(\d+)", text + pooled.stdout)
     assert len(seeds) == 8 and len(set(seeds)) == 1, seeds  # 4 ranks in each mode
+    # The same shrunk counterexample, and benchmarks that carry the same figures.
+    for output in (text, pooled.stdout):
+        assert re.search(r"test_shrinks\(\s*pg=.*?,\s*n=100,", output, flags=re.S), output
+    keys = [
+        {b["name"]: sorted(b["extra_info"]) for b in json.loads((tmp_path / name).read_text())["benchmarks"]}
+        for name in ("spmd.json", "pooled.json")
+    ]
+    assert keys[0] == keys[1] and "busbw_GBps" in keys[0]["test_bench[ws2]"], keys
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pickle
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -58,8 +58,14 @@ def pytest_configure(config: pytest.Config) -> None:
         xdist_support.configure(config, settings, os.environ)
     except (options.OptionError, spmd.SpmdError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    session = DistributedSession(config, settings) if env is None else spmd.SpmdSession(config, settings, env)
-    config.pluginmanager.register(session, "collectives-session")
+    if env is None:
+        from .pooled import PooledLauncher
+
+        launcher: Launcher = PooledLauncher(settings)
+    else:
+        launcher = spmd.SpmdLauncher(config, settings, env)
+        config.pluginmanager.register(launcher, "collectives-spmd")  # its own hooks: rank 0 alone speaks
+    config.pluginmanager.register(DistributedSession(config, settings, launcher), "collectives-session")
     if (env is not None and env.rank != 0) or xdist_support.worker(os.environ) is not None:
         # One process compares, saves and reports for the session: rank 0 in SPMD mode, the controller
         # under xdist (it sees every worker's test reports; benchmarks do not run on workers).
@@ -72,7 +78,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class GroupReplacedWarning(pytest.PytestWarning):
-    """A test left its group unfit for the next one (its own verdict stands); a fresh group was started."""
+    """A test left its group unfit for the next one (its own verdict stands): a fresh group was started,
+    or under torchrun/srun, where a rank can't be replaced, what can be put back was."""
 
 
 class OnRanks:
@@ -112,14 +119,6 @@ def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[A
     if args == ("max",):
         return (settings.largest or settings.gpus or max(settings.world_sizes),)
     return args or settings.world_sizes
-
-
-def oversubscribed(cores: int) -> str:
-    """Why a CPU benchmark of more ranks than usable cores is skipped (parametrize_world_size's reason)."""
-    return (
-        f"benchmark of {{n}} CPU ranks on {cores} usable core(s) would time the scheduler, not the "
-        "communication; run it where the session may use as many cores as ranks (os.sched_getaffinity)"
-    )
 
 
 def parametrize_world_size(
@@ -193,43 +192,52 @@ def examples_sent_to(
         hypothesis.inner_test = inner
 
 
+class Launcher(Protocol):
+    """How a session's ranks are started and reached: the one thing the two modes do differently.
+
+    PooledLauncher (pooled.py) forks worker groups from this pytest; SpmdLauncher (spmd.py) is this pytest
+    as one rank of a world torchrun or srun started. Everything else is DistributedSession's, once."""
+
+    def size_limit(self, metafunc: pytest.Metafunc) -> tuple[int | None, str]:
+        """The most ranks a group can have for this test, and why a bigger size is skipped ({n}: the size)."""
+
+    def collected(self, items: list[pytest.Item]) -> None:
+        """The session's tests are known: get ready to run them."""
+
+    def hypothesis_settings(self, fn: Any) -> contextlib.AbstractContextManager[None]:
+        """What hypothesis' engine needs around a property test in this mode."""
+
+    def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
+        """Run ``task`` on its ranks (``test``: the function itself, for a launcher that runs in-process)."""
+
+    def summary(self) -> str:
+        """What ran the tests, for the terminal summary: "4 worker groups started", "SPMD mode (...)"."""
+
+    def close(self) -> None:
+        """Stop every rank it started."""
+
+
 class DistributedSession:
-    def __init__(self, config: pytest.Config, settings: options.Settings) -> None:
+    """The session of both modes: parametrizing, argument shipping, seeding, hypothesis routing, outcome
+    and verdict, benchmark recording and reporting. The launcher only starts ranks and carries messages."""
+
+    def __init__(self, config: pytest.Config, settings: options.Settings, launcher: Launcher) -> None:
         self.config = config
         self.settings = settings
-        self._pool = None
+        self.launcher = launcher
         self.calls: dict[int, int] = {}  # world size -> test calls and hypothesis examples run on ranks
-
-    @property
-    def pool(self):  # noqa: ANN201 - imported lazily: a session without distributed tests never loads torch
-        if self._pool is None:
-            from .pool import GroupPool
-
-            s = self.settings
-            self._pool = GroupPool(s.backend, s.timeout_s, s.gpus)
-        return self._pool
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         marker = metafunc.definition.get_closest_marker("world_size")
         if marker is None:
             return
-        gpus = self.settings.gpus
-        sizes = world_sizes_of(marker.args, self.settings)
-        if gpus:
-            parametrize_world_size(metafunc, sizes, gpus, f"needs {{n}} GPUs; --gpus is {gpus}")
-        elif "benchmark" in metafunc.fixturenames:
-            cores = len(os.sched_getaffinity(0))
-            parametrize_world_size(metafunc, sizes, cores, oversubscribed(cores))
-        else:
-            parametrize_world_size(metafunc, sizes, None, "")
+        limit, too_big = self.launcher.size_limit(metafunc)
+        parametrize_world_size(metafunc, world_sizes_of(marker.args, self.settings), limit, too_big)
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         skip_gpu_tests(items, self.settings)
-        if any(item.get_closest_marker("world_size") for item in items):
-            from .pool import warm_up
-
-            warm_up(self.pool.ctx)
+        self.launcher.collected(items)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
@@ -239,18 +247,25 @@ class DistributedSession:
         n, funcargs = call
         fn = pyfuncitem.obj
         if not hasattr(fn, "hypothesis"):
-            self.dispatch(pyfuncitem, n, funcargs, hypothesis_inner=False)
+            self.dispatch(pyfuncitem, n, funcargs, fn, hypothesis_inner=False)
             return True
 
-        # Hypothesis draws in the controller; each example runs on every rank with the same values.
-        def on_ranks(_inner: Callable[..., Any], _owner: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self.dispatch(pyfuncitem, n, kwargs, hypothesis_inner=True)
+        # Each example hypothesis draws runs on every rank with the same values.
+        def on_ranks(inner: Callable[..., Any], owner: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self.dispatch(pyfuncitem, n, kwargs, functools.partial(inner, *owner), hypothesis_inner=True)
 
-        with examples_sent_to(fn, on_ranks):
+        with self.launcher.hypothesis_settings(fn), examples_sent_to(fn, on_ranks):
             fn(**funcargs)
         return True
 
-    def dispatch(self, item: pytest.Function, n: int, kwargs: dict[str, Any], hypothesis_inner: bool) -> None:
+    def dispatch(
+        self,
+        item: pytest.Function,
+        n: int,
+        kwargs: dict[str, Any],
+        test: Callable[..., Any],
+        hypothesis_inner: bool,
+    ) -> None:
         module = item.module
         shipped = {k: _shippable(k, v) for k, v in kwargs.items()}
         task = Task(
@@ -262,9 +277,10 @@ class DistributedSession:
             seed=stable_seed(item, kwargs),
             sys_path=list(sys.path),
             hypothesis_inner=hypothesis_inner,
+            world_size=n,
         )
         try:
-            pickle.dumps(task)
+            pickle.dumps(task)  # in both modes, so a test that runs under torchrun also runs pooled
         except Exception as exc:
             names = ", ".join(k for k, v in shipped.items() if not _picklable(v))
             pytest.fail(
@@ -272,18 +288,21 @@ class DistributedSession:
                 "build such values inside the test, on each rank",
                 pytrace=False,
             )
-        if isinstance(shipped.get("benchmark"), BenchSpec):
-            benchmark_shim.mark_used(kwargs["benchmark"])
+        bench = kwargs.get("benchmark")
+        if benchmark_shim.is_fixture(bench):
+            benchmark_shim.mark_used(bench)
         self.calls[n] = self.calls.get(n, 0) + 1
-        outcome = self.pool.run(task, n)
+        outcome = self.launcher.run(task, test)
         item.stash[_outcome_key] = outcome
         if self.config.getoption("capture") == "no":
             for title, text in outcome.sections():
                 sys.stdout.write("".join(f"[{title}] {line}\n" for line in text.splitlines()))
         verdict = outcome.verdict()
-        if outcome.replaced and verdict != "failed":
+        unfit = [f"worker group replaced: {'; '.join(outcome.replaced)}"] * bool(outcome.replaced)
+        unfit += [f"rank state restored: {'; '.join(outcome.restored)}"] * bool(outcome.restored)
+        if unfit and verdict != "failed":
             warnings.warn_explicit(
-                GroupReplacedWarning(f"worker group replaced: {'; '.join(outcome.replaced)}"),
+                GroupReplacedWarning("; ".join(unfit)),
                 category=None,
                 filename=str(item.path),
                 lineno=item.function.__code__.co_firstlineno,
@@ -292,10 +311,10 @@ class DistributedSession:
             pytest.skip(outcome.skip_reason())
         if verdict == "failed":
             raise DistributedTestFailure.of(outcome)
-        if isinstance(shipped.get("benchmark"), BenchSpec):
+        if benchmark_shim.is_fixture(bench):
             s = self.settings
             context = {"world_size": n, "backend": s.backend, "devices": list(range(n)) if s.gpus else "cpu"}
-            record(kwargs["benchmark"], outcome.benchmark(), context)
+            record(bench, outcome.benchmark(), context)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
@@ -317,14 +336,11 @@ class DistributedSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.calls:
             sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))
-            terminalreporter.write_line(
-                f"collectives: {sum(self.calls.values())} distributed calls ({sizes}); "
-                f"{self._pool.started} worker group(s) started"
-            )
+            calls = f"{sum(self.calls.values())} distributed calls ({sizes})"
+            terminalreporter.write_line(f"collectives: {self.launcher.summary()}; {calls}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        if self._pool is not None:
-            self._pool.close()
+        self.launcher.close()
 
 
 def _shippable(name: str, value: Any) -> Any:

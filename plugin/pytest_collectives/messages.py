@@ -37,6 +37,7 @@ class Task:
     seed: int
     sys_path: list[str]
     hypothesis_inner: bool = False  # call fn.hypothesis.inner_test: the controller runs the engine
+    world_size: int = 0  # the ranks it runs on
 
 
 PASSED = "passed"

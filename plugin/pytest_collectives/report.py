@@ -20,6 +20,7 @@ class RankReport:
     stdout: str = ""
     stderr: str = ""
     benchmark: dict | None = None
+    dirty: list[str] = dataclasses.field(default_factory=list)  # what the test left unfit on this rank
 
 
 @dataclasses.dataclass
@@ -28,6 +29,7 @@ class GroupOutcome:
     first_failed: int | None = None  # the likely cause when several ranks fail
     timeout_s: float = 0.0
     replaced: list[str] = dataclasses.field(default_factory=list)  # why the group was thrown away
+    restored: list[str] = dataclasses.field(default_factory=list)  # what was put back on a rank kept (SPMD)
     # In a hang: the rank outside the collective every other hung rank waits in, and that collective.
     culprit: tuple[int, str] | None = None
 

@@ -277,12 +277,12 @@ def _without_harness(tb: types.TracebackType | None) -> types.TracebackType | No
     return head
 
 
-def _health(spec: GroupSpec, device: torch.device) -> list[str]:
-    """Reasons this rank's group can't run the next test; empty when it is fit for reuse."""
+def health(world_size: int, device: torch.device) -> list[str]:
+    """Reasons this rank can't run the next test as it is; empty when it is fit for reuse."""
     reasons = []
     if not dist.is_initialized():
         return ["the test destroyed the default process group"]
-    if dist.get_world_size() != spec.world_size:
+    if dist.get_world_size() != world_size:
         reasons.append("the default process group was replaced")
     pending = _pending_ops()
     if pending:
@@ -296,8 +296,21 @@ def _health(spec: GroupSpec, device: torch.device) -> list[str]:
     return reasons
 
 
-def run_task(task: Task, ctx: RankContext, spec: GroupSpec, capture: _Capture) -> RankResult:
-    capture.reset()
+def restore_defaults(device: torch.device) -> None:
+    """Put back what a test may change for the tests after it on this process: default dtype and device,
+    current GPU. (A destroyed group or an op left in flight can't be put back.)"""
+    torch.set_default_dtype(torch.float32)
+    if hasattr(torch, "set_default_device"):
+        torch.set_default_device(None)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any]]) -> RankResult:
+    """Run one test (or hypothesis example) on this rank, in either mode: seed, the rank's ``pg`` and
+    benchmark in place of the controller's, the call, its outcome, and whether the rank is still fit.
+
+    ``test`` returns the function to call, so that failing to import it is the test's failure too."""
     _issued_work.clear()
     ctx.seed = task.seed
     seed_everything(task.seed)
@@ -309,18 +322,25 @@ def run_task(task: Task, ctx: RankContext, spec: GroupSpec, capture: _Capture) -
     if isinstance(kwargs.get("benchmark"), BenchSpec):
         bench = kwargs["benchmark"] = RankBenchmark(kwargs["benchmark"], ctx.device)
     try:
-        fn = resolve_test(task)
-        fn(**kwargs)
+        test()(**kwargs)
         outcome, longrepr = PASSED, ""
+    except KeyboardInterrupt:
+        raise
     except BaseException as exc:  # noqa: BLE001 - every outcome, skips included, goes back to pytest
         outcome, longrepr = _outcome_of(exc, exc.__traceback__)
     duration = time.perf_counter() - start
-    capture.flush()
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
-    dirty = _health(spec, ctx.device)
+    dirty = health(ctx.world_size, ctx.device)
     rss = os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[1])
     return RankResult(ctx.rank, outcome, longrepr, duration, dirty, rss, bench and bench.result())
+
+
+def run_task(task: Task, ctx: RankContext, capture: _Capture) -> RankResult:
+    capture.reset()
+    result = call_test(task, ctx, lambda: resolve_test(task))
+    capture.flush()
+    return result
 
 
 # --- test-only fault injection (COLLECTIVES_FAULT, see the module docstring) -------------------------
@@ -435,6 +455,6 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
             inject_fault("teardown", rank)
             break
         conn.send(("started", rank))  # a rank that dies before this did not die in the test
-        conn.send(("result", run_task(task, ctx, spec, capture)))
+        conn.send(("result", run_task(task, ctx, capture)))
         inject_fault("between", rank)
     os._exit(0)  # skip interpreter teardown: torch's atexit hooks can block on a broken group

@@ -11,36 +11,23 @@ its threads go to stderr and the rank exits non-zero, so no job is left stuck.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
-import functools
 import hashlib
 import os
 import re
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 import pytest
 
-from . import benchmark_shim, options
-from .bench import BenchSpec, record
-from .hooks import (
-    DistributedSession,
-    OnRanks,
-    _outcome_key,
-    distributed_call,
-    examples_sent_to,
-    parametrize_world_size,
-    skip_gpu_tests,
-    stable_seed,
-    world_sizes_of,
-)
-from .messages import FAILED, PASSED, SKIPPED
-from .report import DistributedTestFailure, GroupOutcome, RankReport
+from . import options
+from .messages import FAILED, Task
+from .report import GroupOutcome, RankReport
 
 SWITCH = "COLLECTIVES_SPMD"  # "0": ignore the launcher's variables and run pooled groups as usual
 DEFAULT_PORT = 29500  # Slurm without MASTER_PORT: 29500 + SLURM_JOB_ID mod 1000, the same on every task
@@ -283,12 +270,12 @@ def _rank_context_class() -> type:
     return SpmdRankContext
 
 
-class SpmdSession:
-    """Registered instead of DistributedSession when pytest runs as one process per rank."""
+class SpmdLauncher:
+    """The launcher when pytest runs as one process per rank; also a plugin for what only SPMD needs
+    (rank 0 alone speaks, every rank collects the same tests, no rank is left behind at the end)."""
 
     def __init__(self, config: pytest.Config, settings: options.Settings, env: SpmdEnv) -> None:
         self.config, self.settings, self.env = config, settings, env
-        self.calls: dict[int, int] = {}
         # The real stderr, kept now (pytest's capture is suspended during configure): while a test runs,
         # fd 2 goes to pytest's capture file, which a rank that exits on a hang never prints.
         self.stderr = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
@@ -369,17 +356,12 @@ class SpmdSession:
         self.watchdog.disarm()
         return gathered
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        marker = metafunc.definition.get_closest_marker("world_size")
-        if marker is None:
-            return
+    def size_limit(self, metafunc: pytest.Metafunc) -> tuple[int | None, str]:
         world = self.env.world_size
-        sizes = world_sizes_of(marker.args, self.settings)
-        parametrize_world_size(metafunc, sizes, world, f"the SPMD world has {world} ranks")
+        return world, f"the SPMD world has {world} ranks"
 
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        skip_gpu_tests(items, self.settings)
+    def collected(self, items: list[pytest.Item]) -> None:
+        pass  # the world is joined once the collections are final (pytest_collection_finish)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._start()
@@ -408,51 +390,27 @@ class SpmdSession:
 
     # --- running a test in lockstep ----------------------------------------------------------------
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
-        call = distributed_call(pyfuncitem)
-        if call is None:
-            return None
-        n, funcargs = call
-        fn = pyfuncitem.obj
-        if not hasattr(fn, "hypothesis"):
-            self.step(pyfuncitem, n, funcargs, fn)
-            return True
-
+    @contextlib.contextmanager
+    def hypothesis_settings(self, fn: Any) -> Iterator[None]:
         # Every rank runs its own engine; with the same seed and the same gathered verdicts they agree.
-        def in_lockstep(inner: Callable[..., Any], owner: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self.step(pyfuncitem, n, kwargs, functools.partial(inner, *owner))
-
         holder = getattr(fn, "__func__", fn)
         current = holder._hypothesis_internal_use_settings
         holder._hypothesis_internal_use_settings = lockstep_settings(current)
         try:
-            with examples_sent_to(fn, in_lockstep):
-                fn(**funcargs)
+            yield
         finally:
             holder._hypothesis_internal_use_settings = current
-        return True
 
-    def step(
-        self,
-        item: pytest.Function,
-        n: int,
-        kwargs: dict[str, Any],
-        fn: Callable[..., Any],
-    ) -> None:
-        """Run one call on the first n ranks, gather every rank's outcome, and give all the same verdict."""
-        self.calls[n] = self.calls.get(n, 0) + 1
-        seed = stable_seed(item, kwargs)
-        what = f"{item.nodeid} ({n} ranks)"
-        bench = kwargs.get("benchmark")
-        if bench is not None and benchmark_shim.is_fixture(bench):
-            benchmark_shim.mark_used(bench)
+    def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
+        """Run one call on the first n ranks and gather every rank's outcome, so all give the same verdict."""
+        import torch.distributed.distributed_c10d as c10d
+
+        n = task.world_size
+        what = f"{task.nodeid} ({n} ranks)"
         report = None
         if self.env.rank < n:
             self.watchdog.arm(what, self.timeout)
-            report = self._run_here(item, n, kwargs, fn, seed)
-        import torch.distributed.distributed_c10d as c10d
-
+            report = self._run_here(task, test)
         # Groups a test made on its ranks only advance their counter: all continue from the highest.
         gathered = self._all_gather((report, c10d._world.group_count), what, self.timeout, GATHER_GRACE_S)
         c10d._world.group_count = max(count for _, count in gathered)
@@ -460,54 +418,36 @@ class SpmdSession:
         failed_at = {r.rank: at for (r, at), _ in gathered[:n] if r.status == FAILED}
         first = min(failed_at, key=failed_at.__getitem__) if failed_at else None
         outcome = GroupOutcome(reports, first, self.timeout)
-        item.stash[_outcome_key] = outcome
-        verdict = outcome.verdict()
-        if verdict == SKIPPED:
-            pytest.skip(outcome.skip_reason())
-        if verdict == FAILED:
-            raise DistributedTestFailure.of(outcome)
-        if bench is not None and benchmark_shim.is_fixture(bench):
-            devices = list(range(n)) if self.settings.gpus else "cpu"
-            context = {"world_size": n, "backend": self.settings.backend, "devices": devices}
-            record(bench, outcome.benchmark(), context)
+        # A rank can't be swapped for a fresh one here: what can be put back is, and the test is told.
+        outcome.restored = [f"rank {r.rank}: {why}" for r in reports for why in r.dirty]
+        return outcome
 
-    def _run_here(
-        self, item: pytest.Function, n: int, kwargs: dict[str, Any], fn: Callable[..., Any], seed: int
-    ) -> tuple[RankReport, float]:
+    def _run_here(self, task: Task, test: Callable[..., Any]) -> tuple[RankReport, float]:
         """This rank's outcome and when it finished (the earliest failure is the likely cause)."""
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
-        from .bench import RankBenchmark
-        from .runner import seed_everything
+        from .runner import call_test, restore_defaults
 
-        ctx = self._context(n)
-        ctx.seed = seed
-        kwargs = dict(kwargs)
-        for name, value in kwargs.items():
-            if isinstance(value, OnRanks):
-                kwargs[name] = ctx
-        rank_bench = None
-        if "benchmark" in kwargs and benchmark_shim.is_fixture(kwargs["benchmark"]):
-            spec = BenchSpec.from_fixture(kwargs["benchmark"])
-            rank_bench = kwargs["benchmark"] = RankBenchmark(spec, self.device)
         world = dist.group.WORLD
-        c10d._world.default_pg = self._group(n)  # the test's collectives see a world of n ranks
-        seed_everything(seed)
+        c10d._world.default_pg = self._group(task.world_size)  # the test's collectives see n ranks
         try:
-            fn(**kwargs)
-            status, detail = PASSED, ""
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - failures and skips alike go to every rank
-            status, detail = _outcome_of(exc)
+            result = call_test(task, self._context(task.world_size), lambda: test)
         finally:
             c10d._world.default_pg = world
+        if result.dirty:
+            restore_defaults(self.device)
         stdout, stderr = self._captured()
-        bench = rank_bench and rank_bench.result()
-        return RankReport(
-            self.env.rank, status, detail, stdout=stdout, stderr=stderr, benchmark=bench
-        ), time.time()
+        report = RankReport(
+            self.env.rank,
+            result.outcome,
+            result.longrepr,
+            stdout=stdout,
+            stderr=stderr,
+            benchmark=result.benchmark,
+            dirty=result.dirty,
+        )
+        return report, time.time()
 
     def _make_groups(self, items: list[pytest.Item]) -> None:
         """The first n ranks as a group for every size n the tests need, made now by every rank of the
@@ -536,18 +476,12 @@ class SpmdSession:
         captured = capman.read_global_capture()
         return captured.out, captured.err
 
-    pytest_runtest_makereport = DistributedSession.pytest_runtest_makereport
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def summary(self) -> str:
         env = self.env
         nodes = env.world_size // env.local_world_size
-        sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))
-        terminalreporter.write_line(
-            f"collectives: SPMD mode ({env.launcher}), {env.world_size} ranks on {nodes} node(s); "
-            f"{sum(self.calls.values())} distributed calls ({sizes or 'none'})"
-        )
+        return f"SPMD mode ({env.launcher}), {env.world_size} ranks on {nodes} node(s)"
 
-    def pytest_unconfigure(self, config: pytest.Config) -> None:
+    def close(self) -> None:
         if self._control is None:
             return
         import torch.distributed as dist
@@ -565,11 +499,3 @@ def group_sizes_needed(items: list[pytest.Item], world: int) -> list[int]:
         if callspec is not None and item.get_closest_marker("world_size") is not None:
             sizes.add(callspec.params.get("world_size", world))
     return sorted(n for n in sizes if n < world)
-
-
-def _outcome_of(exc: BaseException) -> tuple[str, str]:
-    if isinstance(exc, pytest.skip.Exception):
-        return SKIPPED, str(exc.msg)
-    # From the test's own frame on: the first frame is _run_here's call.
-    tb = exc.__traceback__.tb_next if exc.__traceback__ else None
-    return FAILED, "".join(traceback.format_exception(type(exc), exc, tb))

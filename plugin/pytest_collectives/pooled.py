@@ -1,0 +1,67 @@
+"""The pooled launcher: this pytest forks its ranks, in warm worker groups it reuses (pool.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .messages import Task
+from .options import Settings
+from .report import GroupOutcome
+
+
+def oversubscribed(cores: int) -> str:
+    """Why a CPU benchmark of more ranks than usable cores is skipped."""
+    return (
+        f"benchmark of {{n}} CPU ranks on {cores} usable core(s) would time the scheduler, not the "
+        "communication; run it where the session may use as many cores as ranks (os.sched_getaffinity)"
+    )
+
+
+class PooledLauncher:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._pool: Any = None
+
+    @property
+    def pool(self) -> Any:
+        # Imported lazily: a session without distributed tests never loads torch.
+        if self._pool is None:
+            from .pool import GroupPool
+
+            s = self.settings
+            self._pool = GroupPool(s.backend, s.timeout_s, s.gpus)
+        return self._pool
+
+    def size_limit(self, metafunc: pytest.Metafunc) -> tuple[int | None, str]:
+        gpus = self.settings.gpus
+        if gpus:
+            return gpus, f"needs {{n}} GPUs; --gpus is {gpus}"
+        if "benchmark" in metafunc.fixturenames:
+            cores = len(os.sched_getaffinity(0))
+            return cores, oversubscribed(cores)
+        return None, ""
+
+    def collected(self, items: list[pytest.Item]) -> None:
+        if any(item.get_closest_marker("world_size") for item in items):
+            from .pool import warm_up
+
+            warm_up(self.pool.ctx)
+
+    @contextlib.contextmanager
+    def hypothesis_settings(self, fn: Any) -> Iterator[None]:
+        yield  # the engine runs here, in the controller, as it would without the plugin
+
+    def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
+        return self.pool.run(task, task.world_size)
+
+    def summary(self) -> str:
+        return f"{self.pool.started} worker group(s) started"
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
