@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-from pytest_collectives.bench import format_size, parse_size, sweep
-from pytest_collectives.hooks import settings_of
+from pytest_collectives.bench.timing import format_size, parse_size, sweep
+from pytest_collectives.execution.session import settings_of
 
 # Examples run on every rank, so their time varies with the machine's load: no deadline. The example
 # database is hypothesis' default (.hypothesis/ in the working directory), so a failure found once is

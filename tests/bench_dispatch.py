@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_collectives.messages import Task
-from pytest_collectives.pool import GroupPool
+from pytest_collectives.execution.messages import Task
+from pytest_collectives.execution.pool import GroupPool
 
 EMPTY_TEST = "def test_empty(pg):\n    pass\n"
 

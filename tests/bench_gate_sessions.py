@@ -80,8 +80,8 @@ def gate_cost(benchmarks: int = 1000, runs: int = 5) -> float:
     """Seconds the gate takes to judge and tabulate ``benchmarks`` against ``runs`` baseline runs."""
     import random
 
-    from pytest_collectives.gate_report import format_table, markdown
-    from pytest_collectives.regression import judge
+    from pytest_collectives.gate.report import format_table, markdown
+    from pytest_collectives.gate.statistics import judge
 
     rng = random.Random(0)
     names = [f"test_all_reduce[ws8-{i}]" for i in range(benchmarks)]

@@ -14,13 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pytest_collectives.messages import Task
-from pytest_collectives.pool import GroupPool
+from pytest_collectives.execution.messages import Task
+from pytest_collectives.execution.pool import GroupPool
 
 RANK_SIDE = """
 import os, statistics, time
 import torch, torch.distributed as dist
-from pytest_collectives.bench import measure
+from pytest_collectives.bench.timing import measure
 
 def test_overhead(pg, mib):
     n = mib << 18

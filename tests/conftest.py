@@ -5,4 +5,4 @@ import multiprocessing.forkserver  # noqa: F401
 
 import torch  # noqa: F401
 
-import pytest_collectives.pool  # noqa: F401
+import pytest_collectives.execution.pool  # noqa: F401

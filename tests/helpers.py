@@ -7,7 +7,7 @@ import dataclasses
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pytest_collectives.topology import Fingerprint, GpuInfo, parse_topo_matrix, topology_id
+from pytest_collectives.topology.machine import Fingerprint, GpuInfo, parse_topo_matrix, topology_id
 
 # Load the plugin by module name, so a checkout's copy on PYTHONPATH wins over an installed one.
 PLUGIN = ["-p", "no:collectives", "-p", "pytest_collectives.hooks", "-p", "no:cacheprovider"]

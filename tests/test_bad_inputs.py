@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_collectives import options
-from pytest_collectives.baselines import BenchmarkEntry, save_baseline
-from pytest_collectives.topology import detect
+from pytest_collectives.execution import options
+from pytest_collectives.gate.store import BenchmarkEntry, save_baseline
+from pytest_collectives.topology.machine import detect
 
 USAGE, COLLECTION = pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERRUPTED
 BASELINE = pytest.ExitCode.TESTS_FAILED

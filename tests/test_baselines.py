@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from helpers import cpu_fingerprint
 
-from pytest_collectives import baselines
-from pytest_collectives.baselines import (
+from pytest_collectives.gate import store as baselines
+from pytest_collectives.gate.store import (
     SCHEMA_VERSION,
     BaselineError,
     BenchmarkEntry,
@@ -19,7 +19,7 @@ from pytest_collectives.baselines import (
     resolve_baseline,
     save_baseline,
 )
-from pytest_collectives.topology import topology_id
+from pytest_collectives.topology.machine import topology_id
 
 SAMPLES = [1.02e-3, 0.98e-3, 1.00e-3, 1.10e-3, 0.99e-3]
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from helpers import gpu_data
 
-from pytest_collectives import fleet, node_report
-from pytest_collectives.fleet import judge_fleet, load_reports, render_html, to_json
+from pytest_collectives.nodereport import fleet
+from pytest_collectives.nodereport import write as node_report
+from pytest_collectives.nodereport.fleet import judge_fleet, load_reports, render_html, to_json
 
 NODES = 16
 SICK = "node07"  # the degraded node of the simulated fleets
@@ -170,7 +171,7 @@ def test_cli_as_a_module(sick_fleet, tmp_path):
     _, paths = sick_fleet
     out = tmp_path / "new" / "dir"  # created
     run = subprocess.run(
-        [sys.executable, "-m", "pytest_collectives.fleet", *paths, "--out", str(out)],
+        [sys.executable, "-m", "pytest_collectives.nodereport.fleet", *paths, "--out", str(out)],
         capture_output=True,
         text=True,
     )
@@ -362,7 +363,7 @@ def test_bad_lines_are_one_line(lines, good, tmp_path, capsys):
 def test_bad_input_from_the_command_line(good, tmp_path):
     missing = str(tmp_path / "gone.json")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest_collectives.fleet", *good, missing, "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "pytest_collectives.nodereport.fleet", *good, missing, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
     )

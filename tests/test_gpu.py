@@ -24,7 +24,7 @@ def test_nccl_group_runs_on_cuda_with_events_timing(pytester: pytest.Pytester) -
         test_it=textwrap.dedent(
             """
             import os, pytest, torch, torch.distributed as dist
-            from pytest_collectives import algorithms as alg
+            from pytest_collectives.algorithms import collectives as alg
 
             @pytest.mark.world_size(1)
             def test_on_gpu(pg):
@@ -58,7 +58,7 @@ def test_gpu_usage_errors_name_the_count(pytester: pytest.Pytester) -> None:
 
 
 def test_topology_fingerprint_on_gpu() -> None:
-    from pytest_collectives.topology import detect, topology_id
+    from pytest_collectives.topology.machine import detect, topology_id
 
     fp = detect("nccl", gpu_count())
     assert topology_id(fp).startswith(f"gpu-{gpu_count()}x-")
@@ -70,7 +70,7 @@ def test_cuda_ipc_copy_reads_the_owners_memory(pytester: pytest.Pytester) -> Non
         test_it=textwrap.dedent(
             """
             import pytest, torch, torch.distributed as dist
-            from pytest_collectives.ipc import share
+            from pytest_collectives.execution.ipc import share
 
             @pytest.mark.world_size(2)
             def test_ipc(pg):

@@ -13,11 +13,11 @@ import pytest
 import torch
 from helpers import gpu_data
 
-from pytest_collectives import node_report
-from pytest_collectives.baselines import BenchmarkEntry
-from pytest_collectives.node_report import ReportError, build_report, report_checks, write_report
-from pytest_collectives.nodecheck import FAIL, PASS
-from pytest_collectives.session_report import host_device, p2p_latency, p2p_matrix
+from pytest_collectives.gate.store import BenchmarkEntry
+from pytest_collectives.nodereport import write as node_report
+from pytest_collectives.nodereport.checks import FAIL, PASS
+from pytest_collectives.nodereport.collect import host_device, p2p_latency, p2p_matrix
+from pytest_collectives.nodereport.write import ReportError, build_report, report_checks, write_report
 
 SCHEMA_FILE = Path(node_report.__file__).parent / "schemas" / "node-report.schema.json"
 SERIES = ("h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable", "bidir pinned", "local device")

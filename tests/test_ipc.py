@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-from pytest_collectives.ipc import describe, rebuild_args, share
+from pytest_collectives.execution.ipc import describe, rebuild_args, share
 
 # What UntypedStorage._share_cuda_() returns for a buffer on cuda:1: opaque handles are raw bytes.
 SHARE = (1, b"\x00\xffhandle\x10", 4096, 512, b"refcounter\x00", 24, b"\x01event", True)
@@ -51,7 +51,7 @@ def test_json_is_broadcast_from_any_rank(pytester: pytest.Pytester) -> None:
         test_it=textwrap.dedent(
             """
             import pytest, torch
-            from pytest_collectives.ipc import broadcast_json
+            from pytest_collectives.execution.ipc import broadcast_json
 
             @pytest.mark.world_size(2, 3)
             @pytest.mark.parametrize("src", [0, 1])

@@ -9,16 +9,16 @@ import jsonschema
 import pytest
 from helpers import cpu_data, gpu_data
 
-from pytest_collectives import node_report
-from pytest_collectives.baselines import BenchmarkEntry
-from pytest_collectives.node_report import (
+from pytest_collectives.gate.store import BenchmarkEntry
+from pytest_collectives.nodereport import write as node_report
+from pytest_collectives.nodereport.collect import p2p_matrix
+from pytest_collectives.nodereport.write import (
     DATA_SCHEMA,
     REPORT_SCHEMA,
     ReportError,
     validate,
     write_report,
 )
-from pytest_collectives.session_report import p2p_matrix
 
 # matplotlib is in the `test` extra; the plots are what most of this file checks.
 imread = pytest.importorskip("matplotlib.image").imread

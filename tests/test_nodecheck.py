@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_collectives import nodecheck
-from pytest_collectives.nodecheck import (
+from pytest_collectives.nodereport import checks as nodecheck
+from pytest_collectives.nodereport.checks import (
     FAIL,
     PASS,
     WARN,
@@ -20,7 +20,7 @@ from pytest_collectives.nodecheck import (
     link_outliers,
     overall,
 )
-from pytest_collectives.topology import parse_topo_matrix
+from pytest_collectives.topology.machine import parse_topo_matrix
 
 DATA = Path(__file__).parent / "data"
 # The 8 x RTX 3090 server of the project's seed documents: NV4 pairs 0-1, 2-3, 4-5, 6-7, SYS elsewhere.

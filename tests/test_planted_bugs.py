@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import pytest_collectives.algorithms
+import pytest_collectives.algorithms.collectives
 
 SUITE = Path(__file__).resolve().parents[1] / "suites"
 IMPORT = "from pytest_collectives import algorithms as alg"

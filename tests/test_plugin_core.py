@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pytest_collectives.report import hang_culprit
+from pytest_collectives.execution.outcome import hang_culprit
 
 HEADER = """
 import os, signal, time
@@ -542,7 +542,7 @@ def test_two_concurrent_sessions_do_not_collide(pytester: pytest.Pytester) -> No
 
 
 def test_groups_take_the_gpus_pytest_may_use() -> None:
-    from pytest_collectives.pool import group_devices
+    from pytest_collectives.execution.pool import group_devices
 
     assert group_devices(2, None) == ("0", "1")
     assert group_devices(2, "2,3,5") == ("2", "3")
@@ -571,7 +571,7 @@ def test_torch_older_than_the_calls_it_lacks(monkeypatch: pytest.MonkeyPatch) ->
     import torch
     import torch.distributed as dist
 
-    from pytest_collectives import runner
+    from pytest_collectives.execution import rank as runner
 
     gpu = torch.device("cuda", 0)
     assert runner.bound_device("nccl", gpu) == {"device_id": gpu}

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import jsonschema
 import pytest
 
-from pytest_collectives.nodecheck import FAIL, PASS, WARN, Check
-from pytest_collectives.preflight import FACTS_SCHEMA, preflight_checks, read_nvml, sample_throttle
+from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check
+from pytest_collectives.nodereport.preflight import FACTS_SCHEMA, preflight_checks, read_nvml, sample_throttle
 
 # Values as in pynvml (nvidia-ml-py 13.x).
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -550,7 +550,7 @@ def test_fake_uses_only_real_pynvml_names():
 def test_the_node_report_judges_the_preflight_and_publishes_its_facts(tmp_path):
     from helpers import gpu_data
 
-    from pytest_collectives.node_report import REPORT_SCHEMA, write_report
+    from pytest_collectives.nodereport.write import REPORT_SCHEMA, write_report
 
     gpus = hgx()
     plant(3, width=8)(gpus)
@@ -566,7 +566,7 @@ def test_the_node_report_judges_the_preflight_and_publishes_its_facts(tmp_path):
 def test_a_gpu_run_without_nvml_warns_in_the_report(tmp_path, monkeypatch):
     from helpers import gpu_data
 
-    from pytest_collectives.node_report import write_report
+    from pytest_collectives.nodereport.write import write_report
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
     report_files = write_report(tmp_path, {**gpu_data(), "preflight": read_nvml()})

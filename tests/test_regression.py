@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_collectives.gate_report import format_table, markdown, to_json
-from pytest_collectives.regression import (
+from pytest_collectives.gate.report import format_table, markdown, to_json
+from pytest_collectives.gate.statistics import (
     IMPROVEMENT,
     INSUFFICIENT_DATA,
     MACHINE_SLOWDOWN,

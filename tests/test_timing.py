@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from pytest_collectives.bench import (
+from pytest_collectives.bench.timing import (
     ROUND_FLOOR_S,
     WARMUP_ITERATIONS,
     BenchSpec,
@@ -91,7 +91,7 @@ def test_the_shim_reaches_what_it_needs_in_the_installed_pytest_benchmark(pytest
     # the real fixture, so an upgrade that moves one fails here, not in a user's session.
     pytester.makepyfile(
         """
-        from pytest_collectives import benchmark_shim
+        from pytest_collectives.bench import shim as benchmark_shim
 
         def test_shim(benchmark, request):
             assert benchmark_shim.is_fixture(benchmark) and not benchmark_shim.is_fixture(object())

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from helpers import cpu_fingerprint
 
-from pytest_collectives import topology
-from pytest_collectives.topology import (
+from pytest_collectives.topology import machine as topology
+from pytest_collectives.topology.machine import (
     Fingerprint,
     FingerprintError,
     GpuInfo,

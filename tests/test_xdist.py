@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import PLUGIN, outcomes
 
-from pytest_collectives.options import OptionError
-from pytest_collectives.xdist_support import gpu_subset, visible_devices, worker
+from pytest_collectives.execution.options import OptionError
+from pytest_collectives.execution.xdist import gpu_subset, visible_devices, worker
 
 
 def test_worker_position() -> None:

@@ -1,25 +1,27 @@
-"""pytest hooks: thin. Options live in options.py, the processes in pool.py, the verdicts in report.py."""
+"""The plugin's entry point (pytest11): its options, and at configure time the session with its launcher,
+the baseline gate and the node report. The logic lives in the subpackages:
+
+- execution/: the session (session.py), its launchers (pooled.py + pool.py, spmd.py), the ranks' side
+  (rank.py), xdist partitioning (xdist.py), outcomes and verdicts (outcome.py);
+- bench/: timing on the ranks (timing.py) and pytest-benchmark's fixture (shim.py);
+- gate/: the baseline store, the statistics, the plugin and its reports;
+- topology/: what machine this is; nodereport/: node validation and the fleet view;
+- algorithms/: what the suites test, with exact references.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
 import os
-import pickle
-import sys
-import warnings
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
 
 import pytest
 
-from . import benchmark_shim, gate, options, session_report
-from .bench import BenchSpec, record
-from .messages import Task
-from .report import DistributedTestFailure, GroupOutcome
+from pytest_collectives.execution import options, spmd
+from pytest_collectives.execution import xdist as xdist_support
+from pytest_collectives.execution.session import DistributedSession, Launcher, pg, world_size
+from pytest_collectives.gate import plugin as gate
+from pytest_collectives.nodereport import collect as session_report
 
-_outcome_key = pytest.StashKey[GroupOutcome]()
+__all__ = ["pg", "world_size"]  # the fixtures, found here by pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,8 +49,6 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, _, _ in options.OPTIONS:
         value = config.getoption(f"collectives_{name}")
         values[name] = str(value if value is not None else config.getini(name)).strip()
-    from . import spmd, xdist_support
-
     try:
         env = spmd.detect(os.environ)
         if env is None:
@@ -59,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except (options.OptionError, spmd.SpmdError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if env is None:
-        from .pooled import PooledLauncher
+        from pytest_collectives.execution.pooled import PooledLauncher
 
         launcher: Launcher = PooledLauncher(settings)
     else:
@@ -77,284 +77,3 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(report, "collectives-node-report")
 
 
-class GroupReplacedWarning(pytest.PytestWarning):
-    """A test left its group unfit for the next one (its own verdict stands): a fresh group was started,
-    or under torchrun/srun, where a rank can't be replaced, what can be put back was."""
-
-
-class OnRanks:
-    """What ``pg`` is in the controller: the real one exists only on the ranks."""
-
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
-
-    def __repr__(self) -> str:
-        return f"<pg: {self.world_size} ranks>"
-
-
-# Session scope: the value is fixed per parametrization, and hypothesis rightly objects to function-scoped
-# fixtures shared by its examples. It also groups tests by world size, so groups are switched less often.
-@pytest.fixture(scope="session")
-def world_size(request: pytest.FixtureRequest) -> int:
-    pytest.fail(
-        f"{request.node.nodeid} uses world_size/pg but has no @pytest.mark.world_size(...) marker",
-        pytrace=False,
-    )
-
-
-@pytest.fixture(scope="session")
-def pg(world_size: int) -> OnRanks:
-    """On each rank: rank, world_size, backend, device, seed, group, new_group(ranks), generator(rank)."""
-    return OnRanks(world_size)
-
-
-def settings_of(config: pytest.Config) -> options.Settings:
-    """The resolved options of this session, for suites that size their parameters by them."""
-    return config.pluginmanager.get_plugin("collectives-session").settings
-
-
-def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[Any, ...]:
-    """A world_size marker's sizes: its own, the configured ones, or for 'max' the largest group the
-    session can make (Settings.largest: the SPMD world, every GPU with --gpus, else the largest size)."""
-    if args == ("max",):
-        return (settings.largest or settings.gpus or max(settings.world_sizes),)
-    return args or settings.world_sizes
-
-
-def parametrize_world_size(
-    metafunc: pytest.Metafunc, sizes: tuple[Any, ...], limit: int | None, too_big: str
-) -> None:
-    """Parametrize ``world_size`` over ``sizes`` (session scope, ids ws<n>); sizes above ``limit`` are kept
-    as skips with the reason ``too_big`` (formatted with n), so the report says what did not run."""
-    if not all(isinstance(n, int) and n >= 1 for n in sizes):
-        pytest.fail(
-            f"{metafunc.definition.nodeid}: world_size takes whole numbers >= 1 or 'max', got {sizes}",
-            pytrace=False,
-        )
-    params = [
-        pytest.param(
-            n, id=f"ws{n}", marks=pytest.mark.skip(reason=too_big.format(n=n)) if limit and n > limit else ()
-        )
-        for n in sizes
-    ]
-    if not params:
-        reason = f"no world size to run: no configured size of 2 or more ranks fits in {limit}"
-        params = [pytest.param(0, id="ws0", marks=pytest.mark.skip(reason=reason))]
-    if "world_size" not in metafunc.fixturenames:
-        metafunc.fixturenames.append("world_size")
-    metafunc.parametrize("world_size", params, scope="session")
-
-
-def skip_gpu_tests(items: list[pytest.Item], settings: options.Settings) -> None:
-    if settings.gpus:
-        return
-    skip_gpu = pytest.mark.skip(reason="needs CUDA GPUs: run with --gpus N on a GPU machine")
-    for item in items:
-        if item.get_closest_marker("gpu"):
-            item.add_marker(skip_gpu)
-
-
-def stable_seed(item: pytest.Function, kwargs: dict[str, Any]) -> int:
-    """Same test and same example give the same seed, on every rank, in every rerun and in both modes.
-
-    Only the test id and the values hypothesis drew count: fixture values (tmp_path, benchmark, ...) have
-    reprs with addresses and per-run paths, so hashing them would give a new seed every run."""
-    drawn = {k: v for k, v in kwargs.items() if k not in item.funcargs}
-    text = item.nodeid + repr(sorted((k, repr(v)) for k, v in drawn.items()))
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
-
-
-def distributed_call(item: pytest.Function) -> tuple[int, dict[str, Any]] | None:
-    """The world size and fixture values of a test marked world_size; None for a plain test."""
-    if item.get_closest_marker("world_size") is None:
-        return None
-    funcargs = {name: item.funcargs[name] for name in item._fixtureinfo.argnames}
-    return item.callspec.params["world_size"], funcargs
-
-
-@contextlib.contextmanager
-def examples_sent_to(
-    fn: Any, send: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], None]
-) -> Iterator[None]:
-    """While in effect, calling the hypothesis test ``fn`` hands each example to ``send(inner_test, owner,
-    kwargs)`` (owner: the test's bound instance arguments, if any) instead of running its body here."""
-    hypothesis = fn.hypothesis
-    inner = hypothesis.inner_test
-
-    @functools.wraps(inner)
-    def sent(*owner: Any, **kwargs: Any) -> None:
-        send(inner, owner, kwargs)
-
-    hypothesis.inner_test = sent
-    try:
-        yield
-    finally:
-        hypothesis.inner_test = inner
-
-
-class Launcher(Protocol):
-    """How a session's ranks are started and reached: the one thing the two modes do differently.
-
-    PooledLauncher (pooled.py) forks worker groups from this pytest; SpmdLauncher (spmd.py) is this pytest
-    as one rank of a world torchrun or srun started. Everything else is DistributedSession's, once."""
-
-    def size_limit(self, metafunc: pytest.Metafunc) -> tuple[int | None, str]:
-        """The most ranks a group can have for this test, and why a bigger size is skipped ({n}: the size)."""
-
-    def collected(self, items: list[pytest.Item]) -> None:
-        """The session's tests are known: get ready to run them."""
-
-    def hypothesis_settings(self, fn: Any) -> contextlib.AbstractContextManager[None]:
-        """What hypothesis' engine needs around a property test in this mode."""
-
-    def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
-        """Run ``task`` on its ranks (``test``: the function itself, for a launcher that runs in-process)."""
-
-    def summary(self) -> str:
-        """What ran the tests, for the terminal summary: "4 worker groups started", "SPMD mode (...)"."""
-
-    def close(self) -> None:
-        """Stop every rank it started."""
-
-
-class DistributedSession:
-    """The session of both modes: parametrizing, argument shipping, seeding, hypothesis routing, outcome
-    and verdict, benchmark recording and reporting. The launcher only starts ranks and carries messages."""
-
-    def __init__(self, config: pytest.Config, settings: options.Settings, launcher: Launcher) -> None:
-        self.config = config
-        self.settings = settings
-        self.launcher = launcher
-        self.calls: dict[int, int] = {}  # world size -> test calls and hypothesis examples run on ranks
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        marker = metafunc.definition.get_closest_marker("world_size")
-        if marker is None:
-            return
-        limit, too_big = self.launcher.size_limit(metafunc)
-        parametrize_world_size(metafunc, world_sizes_of(marker.args, self.settings), limit, too_big)
-
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        skip_gpu_tests(items, self.settings)
-        self.launcher.collected(items)
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
-        call = distributed_call(pyfuncitem)
-        if call is None:
-            return None
-        n, funcargs = call
-        fn = pyfuncitem.obj
-        if not hasattr(fn, "hypothesis"):
-            self.dispatch(pyfuncitem, n, funcargs, fn, hypothesis_inner=False)
-            return True
-
-        # Each example hypothesis draws runs on every rank with the same values.
-        def on_ranks(inner: Callable[..., Any], owner: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self.dispatch(pyfuncitem, n, kwargs, functools.partial(inner, *owner), hypothesis_inner=True)
-
-        with self.launcher.hypothesis_settings(fn), examples_sent_to(fn, on_ranks):
-            fn(**funcargs)
-        return True
-
-    def dispatch(
-        self,
-        item: pytest.Function,
-        n: int,
-        kwargs: dict[str, Any],
-        test: Callable[..., Any],
-        hypothesis_inner: bool,
-    ) -> None:
-        module = item.module
-        shipped = {k: _shippable(k, v) for k, v in kwargs.items()}
-        task = Task(
-            nodeid=item.nodeid,
-            module=module.__name__,
-            path=module.__file__,
-            qualname=(f"{item.cls.__qualname__}." if item.cls else "") + item.originalname,
-            kwargs=shipped,
-            seed=stable_seed(item, kwargs),
-            sys_path=list(sys.path),
-            hypothesis_inner=hypothesis_inner,
-            world_size=n,
-        )
-        try:
-            pickle.dumps(task)  # in both modes, so a test that runs under torchrun also runs pooled
-        except Exception as exc:
-            names = ", ".join(k for k, v in shipped.items() if not _picklable(v))
-            pytest.fail(
-                f"{item.nodeid}: argument(s) {names} can't be sent to the ranks ({exc}); "
-                "build such values inside the test, on each rank",
-                pytrace=False,
-            )
-        bench = kwargs.get("benchmark")
-        if benchmark_shim.is_fixture(bench):
-            benchmark_shim.mark_used(bench)
-        self.calls[n] = self.calls.get(n, 0) + 1
-        outcome = self.launcher.run(task, test)
-        item.stash[_outcome_key] = outcome
-        if self.config.getoption("capture") == "no":
-            for title, text in outcome.sections():
-                sys.stdout.write("".join(f"[{title}] {line}\n" for line in text.splitlines()))
-        verdict = outcome.verdict()
-        unfit = [f"worker group replaced: {'; '.join(outcome.replaced)}"] * bool(outcome.replaced)
-        unfit += [f"rank state restored: {'; '.join(outcome.restored)}"] * bool(outcome.restored)
-        if unfit and verdict != "failed":
-            warnings.warn_explicit(
-                GroupReplacedWarning("; ".join(unfit)),
-                category=None,
-                filename=str(item.path),
-                lineno=item.function.__code__.co_firstlineno,
-            )
-        if verdict == "skipped":
-            pytest.skip(outcome.skip_reason())
-        if verdict == "failed":
-            raise DistributedTestFailure.of(outcome)
-        if benchmark_shim.is_fixture(bench):
-            s = self.settings
-            context = {"world_size": n, "backend": s.backend, "devices": list(range(n)) if s.gpus else "cpu"}
-            record(bench, outcome.benchmark(), context)
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
-        report = yield
-        rep = report.get_result()
-        if call.when != "call":
-            return
-        outcome = item.stash.get(_outcome_key, None)
-        if call.excinfo is not None and isinstance(call.excinfo.value, DistributedTestFailure):
-            outcome = call.excinfo.value.outcome  # also when the group failed to start, before any dispatch
-        if outcome is not None and self.config.getoption("capture") != "no":
-            for title, text in outcome.sections():
-                rep.sections.append((f"Captured {title}", text))
-        if call.excinfo is not None and isinstance(call.excinfo.value, DistributedTestFailure):
-            exc = call.excinfo.value
-            notes = "\n".join(getattr(exc, "__notes__", []))
-            rep.longrepr = f"{notes}\n\n{exc.outcome.render()}" if notes else exc.outcome.render()
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.calls:
-            sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))
-            calls = f"{sum(self.calls.values())} distributed calls ({sizes})"
-            terminalreporter.write_line(f"collectives: {self.launcher.summary()}; {calls}")
-
-    def pytest_unconfigure(self, config: pytest.Config) -> None:
-        self.launcher.close()
-
-
-def _shippable(name: str, value: Any) -> Any:
-    """What a controller-side argument becomes on the ranks: pg and benchmark are rebuilt there."""
-    if isinstance(value, OnRanks):
-        return None
-    if name == "benchmark" and benchmark_shim.is_fixture(value):
-        return BenchSpec.from_fixture(value)
-    return value
-
-
-def _picklable(value: Any) -> bool:
-    try:
-        pickle.dumps(value)
-    except Exception:
-        return False
-    return True

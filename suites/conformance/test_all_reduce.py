@@ -1,7 +1,7 @@
 """Every all-reduce agrees with the exact reference, and the three decompositions agree with each other.
 
-The five algorithms (pytest_collectives.algorithms): the backend's all_reduce; reduce then broadcast;
-reduce_scatter then all_gather; the bandwidth-optimal ring; the tutorial's full-buffer ring.
+The five algorithms (pytest_collectives.algorithms.collectives): the backend's all_reduce; reduce then
+broadcast; reduce_scatter then all_gather; the bandwidth-optimal ring; the tutorial's full-buffer ring.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from cases import FLOATS, Reduction, group_of, laid_out, reductions
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_collectives import algorithms as alg
-from pytest_collectives.reference import OPS, assert_reduced_close, rank_input
+from pytest_collectives.algorithms import collectives as alg
+from pytest_collectives.algorithms.reference import OPS, assert_reduced_close, rank_input
 
 ALGORITHMS = {
     "all_reduce": alg.all_reduce_direct,

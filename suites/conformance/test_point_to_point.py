@@ -10,7 +10,7 @@ from cases import DTYPES, SIZES
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_collectives.reference import rank_input
+from pytest_collectives.algorithms.reference import rank_input
 
 MODES = ["send_recv", "isend_irecv", "batch_isend_irecv"]
 

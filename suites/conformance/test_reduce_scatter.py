@@ -10,8 +10,13 @@ from cases import DTYPES, EDGE_SIZES, FLOATS, group_of, reductions
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_collectives import algorithms as alg
-from pytest_collectives.reference import OPS, assert_gemm_sum_close, assert_reduced_close, rank_input
+from pytest_collectives.algorithms import collectives as alg
+from pytest_collectives.algorithms.reference import (
+    OPS,
+    assert_gemm_sum_close,
+    assert_reduced_close,
+    rank_input,
+)
 
 CHUNKS = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 3000))
 

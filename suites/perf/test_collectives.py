@@ -1,7 +1,7 @@
 """Collectives over a size sweep: the backend's all-reduce against its decompositions and our rings.
 
-Each benchmark reports algbw and busbw as nccl-tests defines them (see pytest_collectives.bench), so the
-figures of different algorithms and world sizes compare directly.
+Each benchmark reports algbw and busbw as nccl-tests defines them (see pytest_collectives.bench.timing), so
+the figures of different algorithms and world sizes compare directly.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pytest_collectives import algorithms as alg
+from pytest_collectives.algorithms import collectives as alg
 
 ALL_REDUCES = {
     "all_reduce": alg.all_reduce_direct,

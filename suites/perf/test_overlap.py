@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pytest_collectives import algorithms as alg
-from pytest_collectives.bench import measure
+from pytest_collectives.algorithms import collectives as alg
+from pytest_collectives.bench.timing import measure
 
 BASELINE_ROUNDS = 10
 MATMUL_N = 256

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from .messages import FAILED, PASSED, SKIPPED
+from pytest_collectives.execution.messages import FAILED, PASSED, SKIPPED
 
 CRASHED = "crashed"
 HUNG = "hung"

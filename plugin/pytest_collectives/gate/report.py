@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .regression import IMPROVEMENT, REGRESSION, BenchVerdict, GateResult
+from pytest_collectives.gate.statistics import IMPROVEMENT, REGRESSION, BenchVerdict, GateResult
 
 HEADER = ("benchmark", "baseline", "now", "ratio", "vs machine", "spread", "detects", "verdict", "again")
 _ORDER = {REGRESSION: 0, IMPROVEMENT: 1}

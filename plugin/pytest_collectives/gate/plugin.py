@@ -2,7 +2,7 @@
 
 Results come from pytest-benchmark's own session (distributed benchmarks feed it from the ranks, plain
 ones time themselves), so every benchmark of the run is gated the same way. The rule lives in
-regression.py, the files in baselines.py, the text in gate_report.py, the topology in topology.py; this
+statistics.py, the files in store.py, the text in report.py, the topology in topology/machine.py; this
 module only wires them to the session: save, resolve, judge, measure the flagged ones again, report, and
 set the exit status.
 """
@@ -16,8 +16,18 @@ from typing import Any
 
 import pytest
 
-from . import benchmark_shim, gate_report
-from .baselines import (
+from pytest_collectives.bench import shim as benchmark_shim
+from pytest_collectives.gate import report as gate_report
+from pytest_collectives.gate.statistics import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_TOLERANCE,
+    MACHINE_SLOWDOWN,
+    MIN_RUNS,
+    GateResult,
+    confirm,
+    judge,
+)
+from pytest_collectives.gate.store import (
     KEEP_RUNS,
     BaselineError,
     BenchmarkEntry,
@@ -27,16 +37,7 @@ from .baselines import (
     resolve_baseline,
     save_baseline,
 )
-from .regression import (
-    DEFAULT_THRESHOLD,
-    DEFAULT_TOLERANCE,
-    MACHINE_SLOWDOWN,
-    MIN_RUNS,
-    GateResult,
-    confirm,
-    judge,
-)
-from .topology import Fingerprint, detect, topology_id
+from pytest_collectives.topology.machine import Fingerprint, detect, topology_id
 
 SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list them all
 

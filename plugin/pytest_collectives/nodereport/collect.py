@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from . import preflight
-from .baselines import BenchmarkEntry
-from .nodecheck import LOOPBACK_LINK, NETWORK_LINK
+from pytest_collectives.gate.store import BenchmarkEntry
+from pytest_collectives.nodereport import preflight
+from pytest_collectives.nodereport.checks import LOOPBACK_LINK, NETWORK_LINK
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 MAX_LONGREPR = 4000
@@ -162,9 +162,9 @@ class NodeReport:
 
     @pytest.hookimpl(trylast=True)  # after the gate has compared with the baseline
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        from . import gate
-        from .node_report import ReportError, write_report
-        from .topology import detect, link_class, topology_id
+        from pytest_collectives.gate import plugin as gate
+        from pytest_collectives.nodereport.write import ReportError, write_report
+        from pytest_collectives.topology.machine import detect, link_class, topology_id
 
         gate_plugin = self.config.pluginmanager.get_plugin("collectives-gate")
         fingerprint = gate_plugin.fingerprint or detect(gate_plugin.backend, gate_plugin.gpus)

@@ -9,7 +9,7 @@ from collections.abc import Mapping, MutableMapping
 
 import pytest
 
-from .options import OptionError, Settings
+from pytest_collectives.execution.options import OptionError, Settings
 
 
 def worker(environ: Mapping[str, str]) -> tuple[int, int] | None:

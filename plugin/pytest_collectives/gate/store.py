@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_atomic
-from .topology import Fingerprint, FingerprintError, topology_id
+from pytest_collectives.atomic import write_atomic
+from pytest_collectives.topology.machine import Fingerprint, FingerprintError, topology_id
 
 SCHEMA_VERSION = 2
 DEFAULT_NAME = "baseline"

@@ -30,7 +30,7 @@
         "available": true, "path": "baselines/<id>/baseline.json" | null,
         "regression_threshold": 1.05,            # optional: the ratio at which a slowdown counts
         "rows": [{"benchmark": "...", "baseline_median_s": 0.01, "now_median_s": 0.011, "ratio": 1.1,
-                  "verdict": "regression"}]      # verdicts of pytest_collectives.regression
+                  "verdict": "regression"}]      # verdicts of pytest_collectives.gate.statistics
       },
       "tests": {"passed": 10, "failed": 1, "skipped": 2, "failures": [{"nodeid": "...", "longrepr": "..."}]}
     }
@@ -64,12 +64,19 @@ from xml.etree import ElementTree
 import jsonschema
 import numpy as np
 
-from . import nodecheck, preflight
-from .atomic import write_atomic
-from .nodecheck import FAIL, PASS, WARN, Check, NodeCheckError
-from .regression import DEFAULT_THRESHOLD, IMPROVEMENT, INSUFFICIENT_DATA, REGRESSION, UNCHANGED
-from .schemas import load_schema
-from .topology import Fingerprint, FingerprintError
+from pytest_collectives.atomic import write_atomic
+from pytest_collectives.gate.statistics import (
+    DEFAULT_THRESHOLD,
+    IMPROVEMENT,
+    INSUFFICIENT_DATA,
+    REGRESSION,
+    UNCHANGED,
+)
+from pytest_collectives.nodereport import checks as nodecheck
+from pytest_collectives.nodereport import preflight
+from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check, NodeCheckError
+from pytest_collectives.schemas import load_schema
+from pytest_collectives.topology.machine import Fingerprint, FingerprintError
 
 SCHEMA_VERSION = 1
 JSON_NAME, HTML_NAME, JUNIT_NAME, MARKDOWN_NAME = "report.json", "report.html", "report.xml", "report.md"

@@ -25,9 +25,9 @@ from typing import IO, Any
 
 import pytest
 
-from . import options
-from .messages import FAILED, Task
-from .report import GroupOutcome, RankReport
+from pytest_collectives.execution import options
+from pytest_collectives.execution.messages import FAILED, Task
+from pytest_collectives.execution.outcome import GroupOutcome, RankReport
 
 SWITCH = "COLLECTIVES_SPMD"  # "0": ignore the launcher's variables and run pooled groups as usual
 DEFAULT_PORT = 29500  # Slurm without MASTER_PORT: 29500 + SLURM_JOB_ID mod 1000, the same on every task
@@ -256,7 +256,7 @@ def lockstep_settings(current: Any) -> Any:
 
 
 def _rank_context_class() -> type:
-    from .runner import RankContext
+    from pytest_collectives.execution.rank import RankContext
 
     @dataclasses.dataclass(repr=False)
     class SpmdRankContext(RankContext):
@@ -314,7 +314,7 @@ class SpmdLauncher:
         import torch
         import torch.distributed as dist
 
-        from .runner import bound_device
+        from pytest_collectives.execution.rank import bound_device
 
         env = self.env
         self.device = torch.device("cuda", env.local_rank) if self.settings.gpus else torch.device("cpu")
@@ -427,7 +427,7 @@ class SpmdLauncher:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
-        from .runner import call_test, restore_defaults
+        from pytest_collectives.execution.rank import call_test, restore_defaults
 
         world = dist.group.WORLD
         c10d._world.default_pg = self._group(task.world_size)  # the test's collectives see n ranks

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from .messages import Task
-from .options import Settings
-from .report import GroupOutcome
+from pytest_collectives.execution.messages import Task
+from pytest_collectives.execution.options import Settings
+from pytest_collectives.execution.outcome import GroupOutcome
 
 
 def oversubscribed(cores: int) -> str:
@@ -31,7 +31,7 @@ class PooledLauncher:
     def pool(self) -> Any:
         # Imported lazily: a session without distributed tests never loads torch.
         if self._pool is None:
-            from .pool import GroupPool
+            from pytest_collectives.execution.pool import GroupPool
 
             s = self.settings
             self._pool = GroupPool(s.backend, s.timeout_s, s.gpus)
@@ -48,7 +48,7 @@ class PooledLauncher:
 
     def collected(self, items: list[pytest.Item]) -> None:
         if any(item.get_closest_marker("world_size") for item in items):
-            from .pool import warm_up
+            from pytest_collectives.execution.pool import warm_up
 
             warm_up(self.pool.ctx)
 

@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from .bench import BenchSpec, RankBenchmark
-from .messages import FAILED, PASSED, SKIPPED, GroupSpec, RankResult, Task
+from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
+from pytest_collectives.execution.messages import FAILED, PASSED, SKIPPED, GroupSpec, RankResult, Task
 
 STACK_SIGNAL = signal.SIGUSR1
 PENDING_GRACE_S = 2.0  # NCCL work completes on the GPU a little after the host returns

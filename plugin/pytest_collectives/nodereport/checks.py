@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .topology import UNKNOWN_LINK, normalize_link
+from pytest_collectives.topology.machine import UNKNOWN_LINK, normalize_link
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 STATUSES = (PASS, WARN, FAIL)  # best first

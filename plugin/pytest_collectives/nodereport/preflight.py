@@ -3,8 +3,8 @@
 A collective that runs slowly on a node may be the fault of the links themselves, or of a GPU that is
 not in a state to be measured: a PCIe link trained at x8, an NVLink that is down, a GPU whose memory has
 uncorrectable errors, or clocks cut in half by a hardware slowdown. NVML (the `pynvml` module of the
-optional package nvidia-ml-py, as in topology.py) reports all of these, so they are read once before the
-run and judged next to the bandwidth verdicts of nodecheck.py:
+optional package nvidia-ml-py, as in topology/machine.py) reports all of these, so they are read once
+before the run and judged next to the bandwidth verdicts of checks.py:
 
 - `read_nvml()` returns the facts as a JSON-compatible dict (validated by `FACTS_SCHEMA`). A query a GPU
   does not support (GeForce cards have no ECC or row remapper) leaves its field None; it never raises.
@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from .nodecheck import FAIL, PASS, WARN, Check
-from .schemas import load_schema
+from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check
+from pytest_collectives.schemas import load_schema
 
 # Names as in pynvml, after the nvmlClocksEventReason / nvmlClocksThrottleReason prefix. BoardLimit and
 # Reliability exist only in newer NVML; a bit the module has no constant for is reported as its hex value.

@@ -5,7 +5,7 @@ reference a node can get: the same figure measured on its siblings. A node's own
 link that is slow next to the node's other links; they cannot catch a node that is uniformly a little slow,
 or one whose collectives or benchmarks lag while its links look fine. The fleet can.
 
-    python -m pytest_collectives.fleet nodes/*/report.json --out fleet/
+    python -m pytest_collectives.nodereport.fleet nodes/*/report.json --out fleet/
 
 Figures per node, each with the direction that is better:
 
@@ -43,9 +43,9 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .atomic import write_atomic
-from .node_report import _CSS, REPORT_SCHEMA, ReportError, _human_bytes, validate
-from .nodecheck import FAIL, MODIFIED_Z, PASS, STATUSES, WARN, Check
+from pytest_collectives.atomic import write_atomic
+from pytest_collectives.nodereport.checks import FAIL, MODIFIED_Z, PASS, STATUSES, WARN, Check
+from pytest_collectives.nodereport.write import _CSS, REPORT_SCHEMA, ReportError, _human_bytes, validate
 
 SCHEMA_VERSION = 1
 JSON_NAME, HTML_NAME = "fleet.json", "fleet.html"
@@ -511,7 +511,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m pytest_collectives.fleet",
+        prog="python -m pytest_collectives.nodereport.fleet",
         description="Compare the node reports (report.json) of one topology and name the nodes slower than "
         "the fleet.",
     )

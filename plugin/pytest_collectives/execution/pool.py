@@ -18,8 +18,8 @@ import time
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from .messages import FAILED, GroupSpec, RankResult, Task
-from .report import (
+from pytest_collectives.execution.messages import FAILED, GroupSpec, RankResult, Task
+from pytest_collectives.execution.outcome import (
     CRASHED,
     HUNG,
     DistributedTestFailure,
@@ -29,7 +29,7 @@ from .report import (
     hang_culprit,
     likely_cause,
 )
-from .runner import STACK_SIGNAL, rank_files, worker_main
+from pytest_collectives.execution.rank import STACK_SIGNAL, rank_files, worker_main
 
 FAILURE_GRACE_S = 2.0  # how long the other ranks get to finish after one fails before they count as hung
 STACK_WAIT_S = 2.0
@@ -39,7 +39,9 @@ RECYCLE_RSS_GROWTH = 2 << 30  # a worker that grew this much since it started is
 # task smaller than a pipe's buffer (64 KiB on Linux, 4 KiB at the least POSIX allows) is written at once.
 INLINE_TASK_BYTES = 4096
 
-PRELOAD = ["__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.runner"]
+PRELOAD = [
+    "__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.execution.rank"
+]  # fmt: skip
 
 
 def forkserver_context(start_method: str = "forkserver") -> multiprocessing.context.BaseContext:

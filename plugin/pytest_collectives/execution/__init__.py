@@ -1,0 +1,1 @@
+"""Running a test on every rank: the session, its two launchers, the ranks' side."""

@@ -1,0 +1,1 @@
+"""Node validation: checks, NVML preflight, collecting a session, writing, the fleet."""

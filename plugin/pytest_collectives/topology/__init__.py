@@ -1,0 +1,1 @@
+"""What machine this is: GPUs, links (nvidia-smi topo -m, NVML), the topology id."""
