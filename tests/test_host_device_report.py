@@ -13,13 +13,13 @@ import pytest
 import torch
 from helpers import gpu_data
 
+import pytest_collectives
 from pytest_collectives.gate.store import BenchmarkEntry
-from pytest_collectives.nodereport import write as node_report
 from pytest_collectives.nodereport.checks import FAIL, PASS
 from pytest_collectives.nodereport.collect import host_device, p2p_latency, p2p_matrix
 from pytest_collectives.nodereport.write import ReportError, build_report, report_checks, write_report
 
-SCHEMA_FILE = Path(node_report.__file__).parent / "schemas" / "node-report.schema.json"
+SCHEMA_FILE = Path(pytest_collectives.__file__).parent / "schemas" / "node-report.schema.json"
 SERIES = ("h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable", "bidir pinned", "local device")
 HEALTHY = {"h2d pinned": 25.0, "h2d pageable": 11.0, "d2h pinned": 26.0, "d2h pageable": 9.0,
            "bidir pinned": 40.0, "local device": 780.0}  # fmt: skip

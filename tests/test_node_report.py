@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 from helpers import cpu_data, gpu_data
 
+import pytest_collectives
 from pytest_collectives.gate.store import BenchmarkEntry
 from pytest_collectives.nodereport import write as node_report
 from pytest_collectives.nodereport.collect import p2p_matrix
@@ -308,7 +309,7 @@ def test_markdown_and_junit_of_a_warning(tmp_path):
 
 def test_the_published_schema_validates_report_json_with_plain_jsonschema(gpu_report):
     # Fleet tooling reads the schema file shipped in the package, with no code of ours.
-    schema_file = Path(node_report.__file__).parent / "schemas" / "node-report.schema.json"
+    schema_file = Path(pytest_collectives.__file__).parent / "schemas" / "node-report.schema.json"
     schema = json.loads(schema_file.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     report = read_json(gpu_report)

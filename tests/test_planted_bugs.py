@@ -1,8 +1,8 @@
 """The conformance suites can fail: plant a bug in each algorithm and watch the property tests catch it.
 
-Each mutant is a copy of pytest_collectives/algorithms.py with one textual change; the suite's test files
-are copied beside it, importing the mutant instead. Shrinking is left out (the ``planted`` profile) so
-the time measured is the time to the first failing example.
+Each mutant is a copy of pytest_collectives/algorithms/collectives.py with one textual change; the suite's
+test files are copied beside it, importing the mutant instead. Shrinking is left out (the ``planted``
+profile) so the time measured is the time to the first failing example.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import pytest_collectives.algorithms.collectives
 
 SUITE = Path(__file__).resolve().parents[1] / "suites"
-IMPORT = "from pytest_collectives import algorithms as alg"
+IMPORT = "from pytest_collectives.algorithms import collectives as alg"
 
 # (id, original text, planted text, test file, -k expression)
 MUTANTS = [
@@ -79,8 +79,8 @@ settings.register_profile("planted", parent=settings.get_profile("ci"),
 
 
 def plant(directory: Path, original: str, planted: str, test_file: str) -> None:
-    source = Path(pytest_collectives.algorithms.__file__).read_text()
-    assert source.count(original) == 1, f"the mutation site {original!r} is not unique in algorithms.py"
+    source = Path(pytest_collectives.algorithms.collectives.__file__).read_text()
+    assert source.count(original) == 1, f"the mutation site {original!r} is not unique in collectives.py"
     (directory / "mutant.py").write_text(source.replace(original, planted))
     (directory / "conftest.py").write_text((SUITE / "conftest.py").read_text() + PLANTED_PROFILE)
     shutil.copy(SUITE / "conformance" / "cases.py", directory / "cases.py")

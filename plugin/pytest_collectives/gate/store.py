@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_collectives.atomic import write_atomic
+from pytest_collectives.errors import OneLineError
 from pytest_collectives.topology.machine import Fingerprint, FingerprintError, topology_id
 
 SCHEMA_VERSION = 2
@@ -39,11 +40,8 @@ _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-class BaselineError(Exception):
+class BaselineError(OneLineError):
     """A baseline that cannot be read, written or used; the message is one line naming the file."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message.replace("\n", "\\n"))
 
 
 @dataclasses.dataclass(frozen=True)

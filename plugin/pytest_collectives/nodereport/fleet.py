@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from pytest_collectives.atomic import write_atomic
+from pytest_collectives.errors import OneLineError
 from pytest_collectives.nodereport.checks import FAIL, MODIFIED_Z, PASS, STATUSES, WARN, Check
 from pytest_collectives.nodereport.write import _CSS, REPORT_SCHEMA, ReportError, _human_bytes, validate
 
@@ -60,11 +61,8 @@ _DIGITS = 6  # significant digits kept in fleet.json: enough to compare, few eno
 _WHERE_FROM = "give the report.json that `pytest --node-report DIR` writes"
 
 
-class FleetError(ValueError):
+class FleetError(OneLineError):
     """Bad fleet input; the message is one line naming the file (or option) and what to fix."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message.replace("\n", "\\n"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,6 +65,7 @@ import jsonschema
 import numpy as np
 
 from pytest_collectives.atomic import write_atomic
+from pytest_collectives.errors import OneLineError
 from pytest_collectives.gate.statistics import (
     DEFAULT_THRESHOLD,
     IMPROVEMENT,
@@ -98,11 +99,8 @@ DATA_SCHEMA: dict[str, Any] = {
 }
 
 
-class ReportError(ValueError):
+class ReportError(OneLineError):
     """Bad report data; the message is one line naming the field to fix."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message.replace("\n", "\\n"))
 
 
 # ---------------------------------------------------------------------------------------------------------
