@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest_collectives
@@ -64,3 +67,32 @@ def test_one_concern_per_subpackage():
     assert top == {"__init__.py", "hooks.py", "atomic.py", "errors.py"}, top
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     assert packages == {"execution", "bench", "gate", "topology", "nodereport", "algorithms", "schemas"}
+
+
+def test_the_plugin_runs_without_hypothesis_or_xdist(pytester):
+    # Both are extras: with neither importable (and their pytest plugins off), a distributed test runs.
+    pytester.makepyfile(
+        test_layout_inner="""
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.world_size(2)
+        def test_sum(pg):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2
+        """
+    )
+    for name in ("hypothesis", "xdist"):  # found first on the path, and failing as a missing one would
+        (pytester.path / "blocked" / name).mkdir(parents=True)
+        (pytester.path / "blocked" / name / "__init__.py").write_text(f"raise ImportError('no {name}')\n")
+    plugins_off = [
+        f"-pno:{name}" for name in ("hypothesispytest", "xdist", "xdist.looponfail", "cacheprovider")
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *plugins_off, "-q", "test_layout_inner.py"],
+        cwd=pytester.path,
+        env={**os.environ, "PYTHONPATH": str(pytester.path / "blocked")},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout + result.stderr
