@@ -144,7 +144,7 @@ class BaselineGate:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         # A bad baseline is found before minutes of benchmarks run, not after them (in SPMD mode, rank 0
-        # alone gates and tells the other ranks: SpmdSession.pytest_collection_finish).
+        # alone gates and tells the other ranks: SpmdLauncher.pytest_collection_finish).
         opt = self.config.getoption
         if (
             opt("benchmark_skip", False)

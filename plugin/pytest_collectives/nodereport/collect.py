@@ -1,8 +1,8 @@
-"""``--node-report DIR``: the session's results gathered into node_report's data and written as a folder.
+"""``--node-report DIR``: the session's results gathered into the report data and written as a folder.
 
 Node validation in one command: the suites' outcomes, the all-pairs P2P bandwidth and latency matrices,
 each GPU's copies with host memory, the collectives' bus bandwidth and the baseline verdicts go to
-node_report.write_report, which judges the node. A run whose tests failed still gets its report, with the
+nodereport.write.write_report, which judges the node. A run whose tests failed still gets its report, with the
 failures in it.
 """
 
