@@ -251,7 +251,8 @@ def _check_levels(threshold: float, warn: float) -> None:
         raise NodeCheckError(f"need 0 < threshold <= warn <= 1, got threshold={threshold} and warn={warn}")
 
 
-def _status(ratio: float, threshold: float, warn: float, link: str = "") -> str:
+def status_for(ratio: float, threshold: float, warn: float, link: str = "") -> str:
+    """FAIL below ``threshold`` x the reference, WARN below ``warn`` x, else PASS (never FAIL on loopback)."""
     status = FAIL if ratio < threshold else WARN if ratio < warn else PASS
     # Loopback between CPU ranks has no hardware to fail: its speed is the host's load, worth a warning only.
     return WARN if status == FAIL and link == LOOPBACK_LINK else status
@@ -288,15 +289,24 @@ _HOST_ADVICE = (
 # Peers
 
 
-def _robust(values: np.ndarray) -> tuple[float, float]:
+def robust(values: np.ndarray) -> tuple[float, float]:
+    """The median of ``values`` and their median absolute deviation (MAD) from it."""
     median = float(np.median(values))
     return median, float(np.median(np.abs(values - median)))
 
 
-def _below_peers(value: float, median: float, mad: float, warn: float) -> bool:
+def modified_z(value: float, median: float, mad: float) -> float | None:
+    """How far ``value`` is below ``median`` in units of the spread (None when there is no spread)."""
+    return float(_MAD_SCALE * (median - value) / mad) if mad > 0 else None
+
+
+def below_peers(value: float, median: float, mad: float, warn: float) -> bool:
+    """The outlier rule, for pairs, GPUs and fleet nodes alike: below ``warn`` x the median, and standing out
+    from the spread (MODIFIED_Z), or from no spread at all."""
     if median <= 0 or value / median >= warn:
         return False
-    return bool(mad == 0 or _MAD_SCALE * (median - value) / mad > MODIFIED_Z)
+    z = modified_z(value, median, mad)
+    return z is None or z > MODIFIED_Z
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,9 +338,9 @@ def peer_outliers(
         return []
     outliers = []
     for i, value in measured:
-        median, mad = _robust(np.array([v for j, v in measured if j != i]))
-        if _below_peers(value, median, mad, warn):
-            outliers.append(Outlier(i, value, median, _status(value / median, threshold, warn)))
+        median, mad = robust(np.array([v for j, v in measured if j != i]))
+        if below_peers(value, median, mad, warn):
+            outliers.append(Outlier(i, value, median, status_for(value / median, threshold, warn)))
     return outliers
 
 
@@ -376,9 +386,9 @@ def link_outliers(
         elif len(pairs) < MIN_PEER_PAIRS:
             checks.extend(_few_peers(node, link, pairs, (expected or {}).get(link), threshold, warn))
         else:
-            median, mad = _robust(node.values(pairs))
+            median, mad = robust(node.values(pairs))
             for i, j in pairs:
-                slow = [(a, b) for a, b in ((i, j), (j, i)) if _below_peers(node.bw[a, b], median, mad, warn)]
+                slow = [(a, b) for a, b in ((i, j), (j, i)) if below_peers(node.bw[a, b], median, mad, warn)]
                 if slow:
                     checks.append(_pair_check(node, link, (i, j), slow, median, len(pairs), threshold, warn))
     return checks
@@ -401,7 +411,7 @@ def _pair_check(
     against = against or f"the {reference:.1f} GB/s median of the {peers} {link} pairs"
     return Check(
         f"link {name}",
-        _status(ratio, threshold, warn, link),
+        status_for(ratio, threshold, warn, link),
         f"{name} ({link}) measures {measured:.1f} GB/s, {ratio:.0%} of {against}: {_advice(link)}.",
         {
             "class": link,
@@ -473,11 +483,11 @@ def device_outliers(
             others = [p for p in node.pairs(link) if d not in p]
             if not others:
                 continue
-            reference, mad = _robust(node.values(others))
+            reference, mad = robust(node.values(others))
             if reference > 0:
                 measured = min(node.bw[d, k], node.bw[k, d])
                 ratios.append(measured / reference)
-                slow += _below_peers(measured, reference, mad, warn)
+                slow += below_peers(measured, reference, mad, warn)
         if len(ratios) < 2 or slow < fraction * len(ratios):
             continue
         median = float(np.median(ratios))
@@ -492,7 +502,7 @@ def device_outliers(
         checks.append(
             Check(
                 f"device {label}",
-                _status(median, threshold, warn, LOOPBACK_LINK if cpu else ""),
+                status_for(median, threshold, warn, LOOPBACK_LINK if cpu else ""),
                 f"{label} is slow on {slow} of its {len(ratios)} links (median {median:.0%} of what the same "
                 f"link classes reach between the other {'ranks' if cpu else 'GPUs'}), {what}",
                 {
@@ -602,7 +612,7 @@ def _class_check(
         reason = f"{head}, {above} (there is no baseline to compare)."
         return Check(f"class {link}", PASS, reason, details)
     ratio = median / base
-    status = _status(ratio, threshold, warn)
+    status = status_for(ratio, threshold, warn)
     reason = f"{head}, {ratio:.0%} of the baseline's {base:.1f} GB/s"
     if status != PASS:
         reason += (

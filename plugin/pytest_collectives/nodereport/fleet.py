@@ -45,8 +45,19 @@ import numpy as np
 
 from pytest_collectives.atomic import write_atomic
 from pytest_collectives.errors import OneLineError
-from pytest_collectives.nodereport.checks import FAIL, MODIFIED_Z, PASS, STATUSES, WARN, Check
-from pytest_collectives.nodereport.write import _CSS, REPORT_SCHEMA, ReportError, _human_bytes, validate
+from pytest_collectives.nodereport.checks import (
+    FAIL,
+    MODIFIED_Z,
+    PASS,
+    STATUSES,
+    WARN,
+    Check,
+    below_peers,
+    modified_z,
+    robust,
+    status_for,
+)
+from pytest_collectives.nodereport.write import CSS, REPORT_SCHEMA, ReportError, human_bytes, validate
 
 SCHEMA_VERSION = 1
 JSON_NAME, HTML_NAME = "fleet.json", "fleet.html"
@@ -55,7 +66,6 @@ DEFAULT_WARN_BELOW = 0.90
 # A median of two cannot say which of them is off; three is the least that outvotes one bad node.
 MIN_NODES = 3
 HIGHER, LOWER = "higher", "lower"  # which way a figure is better
-_MAD_SCALE = 0.6745  # MAD / sigma of a normal distribution: the modified z-score's scale, as in nodecheck
 _DIGITS = 6  # significant digits kept in fleet.json: enough to compare, few enough to read
 
 _WHERE_FROM = "give the report.json that `pytest --node-report DIR` writes"
@@ -167,7 +177,7 @@ def report_figures(report: Mapping[str, Any]) -> dict[str, Figure]:
         for link, values in by_class.items():
             add(f"p2p class {link} median", statistics.median(values), HIGHER, "GB/s")
     for row in report["collectives"]:
-        add(f"busbw {row['name']} @ {_human_bytes(row['bytes'])}", row["busbw_GBps"], HIGHER, "GB/s")
+        add(f"busbw {row['name']} @ {human_bytes(row['bytes'])}", row["busbw_GBps"], HIGHER, "GB/s")
     for row in report["baseline"]["rows"]:
         add(f"time {row['benchmark']}", row["now_median_s"], LOWER, "s")
     # A name measured twice in one report (two rows alike) counts once, by its median: order-free.
@@ -330,33 +340,32 @@ def judge_fleet(
     columns = {}
     for figure_name in sorted({f for n in ordered for f in n.figures}):
         present = [(n, n.figures[figure_name]) for n in ordered if figure_name in n.figures]
-        scores = np.array([f.score for _, f in present])
+        median, mad = robust(np.array([f.score for _, f in present]))
         # Every node measured nothing: no node can be worse than that.
-        if len(present) < MIN_NODES or np.median(scores) <= 0:
+        if len(present) < MIN_NODES or median <= 0:
             unjudged.append(figure_name)
         else:
-            columns[figure_name] = (present, scores, float(np.median(scores)))
+            columns[figure_name] = (present, median, mad)
     # A MAD over a dozen nodes can come out at a third of the true spread, and then a healthy node 15%
     # below the median looks like an outlier. Figures of one kind (every P2P pair, every busbw) spread
     # alike, so a figure's spread is taken as at least the typical relative spread of its kind.
     relative: dict[str, list[float]] = {}
-    for figure_name, (_, scores, median) in columns.items():
-        relative.setdefault(_kind(figure_name), []).append(float(np.median(np.abs(scores - median))) / median)
+    for figure_name, (_, median, mad) in columns.items():
+        relative.setdefault(_kind(figure_name), []).append(mad / median)
     typical = {kind: float(np.median(values)) for kind, values in relative.items()}
-    for figure_name, (present, scores, median) in columns.items():
+    for figure_name, (present, median, own_mad) in columns.items():
         direction, unit = present[0][1].direction, present[0][1].unit
-        mad = max(float(np.median(np.abs(scores - median))), typical[_kind(figure_name)] * median)
+        mad = max(own_mad, typical[_kind(figure_name)] * median)
         shown = median if direction == HIGHER else 1.0 / median
         stats[figure_name] = one = FigureStats(
             figure_name, direction, unit, len(present), shown, mad / median
         )
         for node, figure in present:
-            ratio = figure.score / median
-            z = _MAD_SCALE * (median - figure.score) / mad if mad > 0 else None
-            if ratio >= warn_below or (z is not None and z <= MODIFIED_Z):
-                continue
-            status = FAIL if ratio < fail_below else WARN
-            outliers[node.name].append(_outlier(figure_name, figure, one, ratio, z, status))
+            if below_peers(figure.score, median, mad, warn_below):
+                ratio = figure.score / median
+                z = modified_z(figure.score, median, mad)
+                status = status_for(ratio, fail_below, warn_below)
+                outliers[node.name].append(_outlier(figure_name, figure, one, ratio, z, status))
     verdicts = []
     for node in ordered:
         checks = sorted(
@@ -480,7 +489,7 @@ def render_html(result: FleetResult) -> str:
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
         "<meta name=viewport content='width=device-width, initial-scale=1'>"
-        f"<title>Fleet report: {e(result.topology_id)}</title><style>{_CSS}</style></head>\n<body>\n"
+        f"<title>Fleet report: {e(result.topology_id)}</title><style>{CSS}</style></head>\n<body>\n"
         + "\n".join(sections)
         + "\n</body></html>\n"
     )

@@ -381,7 +381,7 @@ def _png(fig: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _human_bytes(value: float) -> str:
+def human_bytes(value: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if value >= scale:
             return f"{value / scale:g} {unit}"
@@ -453,7 +453,7 @@ def busbw_plot(collectives: Sequence[Mapping[str, Any]]) -> bytes:
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, ms=5, label=name)
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _human_bytes(x)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: human_bytes(x)))
     ax.set_xlabel("message size")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_ylim(bottom=0)
@@ -536,7 +536,7 @@ def _threshold(baseline: Mapping[str, Any]) -> float:
 # HTML
 
 
-_CSS = """
+CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #212121; margin: 0 auto;
        max-width: 1100px; padding: 1.5em 2em 4em; }
 h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { font-size: 1.25em; margin-top: 2em;
@@ -661,7 +661,7 @@ def _host_device_html(host: Mapping[str, Any] | None) -> str:
         for i, label in enumerate(host["devices"])
     ]
     intro = (
-        f"<p>GB/s per GPU at {_human_bytes(host['bytes'])}, one GPU at a time: pinned host memory is copied "
+        f"<p>GB/s per GPU at {human_bytes(host['bytes'])}, one GPU at a time: pinned host memory is copied "
         f"by DMA at link speed, pageable memory is staged by the driver; bidir counts both directions, local "
         f"is a copy inside the GPU's memory.</p>"
     )
@@ -672,7 +672,7 @@ def _collectives_html(collectives: Sequence[Mapping[str, Any]]) -> str:
     if not collectives:
         return ""
     rows = [
-        (c["name"], _human_bytes(c["bytes"]), f"{c['busbw_GBps']:.3g}", f"{c['algbw_GBps']:.3g}")
+        (c["name"], human_bytes(c["bytes"]), f"{c['busbw_GBps']:.3g}", f"{c['algbw_GBps']:.3g}")
         for c in sorted(collectives, key=lambda c: (c["name"], c["bytes"]))
     ]
     table = _table(["Collective", "Size", "busbw (GB/s)", "algbw (GB/s)"], rows, numeric=(1, 2, 3))
@@ -749,7 +749,7 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> 
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
         f"<meta name=viewport content='width=device-width, initial-scale=1'>"
-        f"<title>Node report: {html.escape(tid)}</title><style>{_CSS}</style></head>\n<body>\n"
+        f"<title>Node report: {html.escape(tid)}</title><style>{CSS}</style></head>\n<body>\n"
         + "\n".join(sections)
         + "\n</body></html>\n"
     )
