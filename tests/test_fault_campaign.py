@@ -442,10 +442,15 @@ def test_fault_campaign(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 # --- the defects the campaign found, fixed; one deterministic repro each -----------------------------------
 
 
-def _inner(pytester: pytest.Pytester, body: str) -> pytest.RunResult:
+def _inner(pytester: pytest.Pytester, body: str, bound_s: float | None = None) -> pytest.RunResult:
+    """Run ``body`` as a session; with ``bound_s``, in a subprocess killed after that long (for a session
+    that a regression would block for ever)."""
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_it=MODULE_HEADER + textwrap.dedent(body))
-    return pytester.runpytest("-p", "no:randomly", "--dist-timeout", str(TIMEOUT_S))
+    args = ("-p", "no:randomly", "--dist-timeout", str(TIMEOUT_S))
+    if bound_s is None:
+        return pytester.runpytest(*args)
+    return pytester.runpytest_subprocess(*args, timeout=bound_s)
 
 
 @pytest.fixture
@@ -493,9 +498,14 @@ def test_a_rank_that_dies_between_tests_is_not_blamed_on_the_next_one(pytester: 
     assert result.stdout.str().count("worker group replaced: rank 1 died after the previous test (") == 3
 
 
+# A task of 1 MiB does not fit the stopped rank's pipe: the controller's write must not wait for ever on it.
+BIG_TASK = '@pytest.mark.parametrize("blob", [b"x" * (1 << 20)])'
+
+
+@pytest.mark.parametrize("task", ["", BIG_TASK], ids=["small", "1MiB"])
 @pytest.mark.usefixtures("inner_env")
 def test_a_rank_that_stops_reading_between_tests_is_told_apart_from_one_hung_in_the_test(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, task: str
 ) -> None:
     result = _inner(
         pytester,
@@ -506,13 +516,15 @@ def test_a_rank_that_stops_reading_between_tests_is_told_apart_from_one_hung_in_
                 os.environ["{FAULT_ENV}"] = "1:between:hang"
 
         @pytest.mark.world_size(2)
-        def test_b_next(pg):
+        {task}
+        def test_b_next(pg{", blob" if task else ""}):
             check_sum(pg)
 
         @pytest.mark.world_size(2)
         def test_c_fresh_group(pg):
             check_sum(pg)
         """,
+        bound_s=120,
     )
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
@@ -526,35 +538,6 @@ def test_a_rank_that_stops_reading_between_tests_is_told_apart_from_one_hung_in_
     sections = rank_sections(report)
     assert "it never received this test" in sections[1][1]
     assert "it never received this test" not in sections[0][1]
-
-
-@pytest.mark.usefixtures("inner_env")
-def test_a_task_larger_than_a_pipe_never_blocks_the_controller(pytester: pytest.Pytester) -> None:
-    # 1 MiB of arguments for a rank that stopped reading: the write would fill its pipe and wait for ever.
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(
-        test_it=MODULE_HEADER
-        + textwrap.dedent(
-            f"""
-            @pytest.mark.world_size(2)
-            def test_a_stops_after_its_result(pg):
-                if pg.rank == 1:
-                    os.environ["{FAULT_ENV}"] = "1:between:hang"
-
-            @pytest.mark.world_size(2)
-            @pytest.mark.parametrize("blob", [b"x" * (1 << 20)], ids=["1MiB"])
-            def test_b_big_task(pg, blob):
-                check_sum(pg)
-
-            @pytest.mark.world_size(2)
-            def test_c_fresh_group(pg):
-                check_sum(pg)
-            """
-        )
-    )
-    result = pytester.runpytest_subprocess("-p", "no:randomly", "--dist-timeout", str(TIMEOUT_S), timeout=120)
-    result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*it never received this test: it stopped reading tasks*"])
 
 
 @pytest.mark.usefixtures("inner_env")

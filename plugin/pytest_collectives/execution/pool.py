@@ -107,16 +107,15 @@ class WorkerGroup:
         # A larger task blocks its writer until the rank reads it, and a live rank that stopped reading
         # would block the controller for ever: such tasks are written by one thread per rank, and a rank
         # that never takes its task is reported hung by _collect's deadline like any other.
-        inline = len(payload) <= INLINE_TASK_BYTES
-        senders = [
-            threading.Thread(target=_send, args=(conn, payload), name=f"collectives-send{rank}", daemon=True)
-            for rank, conn in enumerate(self.conns)
-            if not inline
-        ]
-        for conn in self.conns if inline else ():
-            _send(conn, payload)
-        for sender in senders:
-            sender.start()
+        senders = []
+        if len(payload) <= INLINE_TASK_BYTES:
+            for conn in self.conns:
+                _send(conn, payload)
+        else:
+            for rank, conn in enumerate(self.conns):
+                sender = threading.Thread(target=_send, args=(conn, payload), name=f"send{rank}", daemon=True)
+                sender.start()
+                senders.append(sender)
         results: list[RankResult] = []
         outcome = self._collect(timeout_s, results)
         for sender in senders:
