@@ -43,6 +43,7 @@ TOPO = parse_topo_matrix((DATA / "rtx3090x8_topo_m.txt").read_text())
 
 
 def read_p2p(path: Path) -> list[list[float]]:
+    """The matrix printed by p2pBandwidthLatencyTest: a title, a `D\\D 0 1 ...` header, then rows."""
     rows = [line.split() for line in path.read_text().splitlines()[2:] if line.strip()]
     return [[float(v) for v in row[1:]] for row in rows]
 

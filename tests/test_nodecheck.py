@@ -1,9 +1,9 @@
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import DATA, read_p2p
 
 from pytest_collectives.nodereport import checks as nodecheck
 from pytest_collectives.nodereport.checks import (
@@ -22,16 +22,9 @@ from pytest_collectives.nodereport.checks import (
 )
 from pytest_collectives.topology.machine import parse_topo_matrix
 
-DATA = Path(__file__).parent / "data"
 # The 8 x RTX 3090 server of the project's seed documents: NV4 pairs 0-1, 2-3, 4-5, 6-7, SYS elsewhere.
 TOPO_TEXT = (DATA / "rtx3090x8_topo_m.txt").read_text()
 CLASSES = [list(row) for row in parse_topo_matrix(TOPO_TEXT).links]
-
-
-def read_p2p(path: Path) -> list[list[float]]:
-    """The matrix printed by p2pBandwidthLatencyTest: a title, a `D\\D 0 1 ...` header, then rows."""
-    rows = [line.split() for line in path.read_text().splitlines()[2:] if line.strip()]
-    return [[float(v) for v in row[1:]] for row in rows]
 
 
 RTX = read_p2p(DATA / "rtx3090x8_p2p_bidir_GBps.txt")
