@@ -40,8 +40,10 @@ def rank_main(rank: int, port: int) -> None:
     for op in ("all_reduce", "broadcast"):
         for nbytes in SIZES:
             t = torch.ones(nbytes // 4)
-            call = functools.partial(dist.all_reduce, t) if op == "all_reduce" else functools.partial(
-                dist.broadcast, t, 0
+            call = (
+                functools.partial(dist.all_reduce, t)
+                if op == "all_reduce"
+                else functools.partial(dist.broadcast, t, 0)
             )
             for _ in range(WARMUP):
                 call()

@@ -109,7 +109,7 @@ CASES = [
     found("found-old-schema", "schema", "{path}: field 'schema_version' is 99 but * reads version 2*"),
     found("found-not-utf8", "binary", "{path}: not UTF-8 text; delete it and re-record the baseline"),
     found("found-not-an-object", "list", "{path}: the file must hold a JSON object, not list; re-record it"),
-    found("found-missing-field", "missing", "{path}: field 'runs' must be present; fix the file*"),
+    found("found-missing-field", "missing", "{path}: field 'runs' is missing; fix the file*"),
     found("found-other-topology", "foreign", "{path}: recorded on topology * move the file to * or name it*"),
     found("found-unreadable", "unreadable", "{path}: permission denied *; fix the file's permissions"),
     found("found-directory", "directory", "{path}: is a directory*", "--fail-on-regression"),

@@ -1,3 +1,4 @@
+import copy
 import json
 import math
 import os
@@ -5,21 +6,27 @@ import re
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
-from helpers import cpu_fingerprint
+from helpers import cpu_fingerprint, gpu_fingerprint
 
 from pytest_collectives.gate import store as baselines
 from pytest_collectives.gate.store import (
     SCHEMA_VERSION,
     BaselineError,
     BenchmarkEntry,
+    Run,
     Summary,
     find_baseline,
     load_baseline,
     resolve_baseline,
     save_baseline,
 )
+from pytest_collectives.schemas import load_schema
+from pytest_collectives.schemas.validation import first_error
 from pytest_collectives.topology.machine import topology_id
+
+REPO = Path(__file__).parent.parent
 
 SAMPLES = [1.02e-3, 0.98e-3, 1.00e-3, 1.10e-3, 0.99e-3]
 
@@ -302,6 +309,69 @@ def test_each_schema_defect_names_file_and_field(tmp_path, where, value, field):
     with pytest.raises(BaselineError) as info:
         load_baseline(path)
     one_line(info, path, f"field '{field}'")
+
+
+def test_the_shipped_schema_accepts_committed_and_written_baselines(tmp_path):
+    schema = load_schema("baseline.schema.json")  # from the package's data, as a tool would read it
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema == baselines.BASELINE_SCHEMA and schema["properties"]["schema_version"]["const"] == 2
+    committed = sorted((REPO / "baselines").glob("*/*.json"))
+    assert committed
+    gpu = gpu_fingerprint()
+    runs = [
+        Run("2025-01-31T12:00:00+00:00", "0" * 40, {"x": Summary(1e-3, 9e-4, 2e-3, 5, 3)}),
+        Run("2025-02-01T12:00:00+00:00", "a" * 64, {"x": Summary(1e-3, 1e-3, 1e-3, 1)}),
+    ]
+    (tmp_path / "gpu.json").write_text(baselines.render(topology_id(gpu), gpu, runs))
+    written = [saved(tmp_path), saved(tmp_path), tmp_path / "gpu.json"]
+    for path in committed + written:
+        data = json.loads(path.read_text())
+        # Both a plain Draft 2020-12 validator (what another tool uses) and the loader's stricter one.
+        jsonschema.Draft202012Validator(schema).validate(data)
+        assert first_error(data, schema) is None, path
+        assert load_baseline(path).topology_id == data["topology_id"]
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (f"{B}/rounds", "5", f"field '{F}.rounds' must be integer, got '5'"),
+        (f"{B}/iterations", True, f"field '{F}.iterations' must be integer, got True"),
+        (f"{B}/rounds", 0, f"field '{F}.rounds' must be >= 1, got 0"),
+        (f"{B}/median", -1e-3, f"field '{F}.median' must be > 0, got -0.001"),
+        (f"{B}/q3", KeyError, f"field '{F}.q3' is missing"),
+        (f"{B}/mean", 1e-3, f"field '{F}.mean' is not a known field (known: median, q1, q3, rounds, it"),
+        (f"{R}/commit", "HEAD", "field 'runs[0].commit' must match ^([0-9a-f]{40}|[0-9a-f]{64})$ (git"),
+        (f"{R}/benchmarks", {}, "field 'runs[0].benchmarks' must not be empty"),
+        ("runs", [], "field 'runs' must have at least 1 item(s)"),
+        ("fingerprint/gpus", [{"name": "H100"}], "field 'fingerprint.gpus[0].pci_bus_id' is missing"),
+        ("fingerprint/link_source", "smi", "field 'fingerprint.link_source' must be one of \"nvml\", "),
+    ],
+)
+def test_a_broken_file_gets_the_schemas_one_line_message(tmp_path, where, value, message):
+    path = saved(tmp_path)
+    doc = json.loads(path.read_text())
+    mutate(doc, where, value)
+    write(path, doc)
+    with pytest.raises(BaselineError) as info:
+        load_baseline(path)
+    text = one_line(info, path)
+    assert text.startswith(f"{path}: {message}") and text.endswith("; fix the file or re-record it"), text
+
+
+def test_the_first_error_is_the_first_field_in_the_file(tmp_path):
+    # Indices compare as numbers: of runs[2] and runs[10], runs[2] is named (as text, "10" < "2").
+    path = saved(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["runs"] = [copy.deepcopy(doc["runs"][0]) for _ in range(11)]
+    for i in (10, 2):
+        mutate(doc, f"{R.replace('0', str(i))}/benchmarks/all_reduce[1MiB]/rounds", 0)
+    write(path, doc)
+    with pytest.raises(BaselineError) as info:
+        load_baseline(path)
+    one_line(info, path, "field 'runs[2].benchmarks.all_reduce[1MiB].rounds' must be >= 1")
+    expected = "runs[2].benchmarks.all_reduce[1MiB].rounds must be >= 1, got 0"  # the node report's style
+    assert first_error(doc, baselines.BASELINE_SCHEMA) == expected
 
 
 def test_wrong_schema_version(tmp_path):

@@ -6,6 +6,8 @@ are written with node_report.write_report (plots skipped: they are not what is r
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import random
 import subprocess
@@ -15,10 +17,12 @@ from pathlib import Path
 
 import pytest
 from helpers import gpu_data
+from test_preflight import FakeNvml, hgx
 
 from pytest_collectives.nodereport import fleet
 from pytest_collectives.nodereport import write as node_report
 from pytest_collectives.nodereport.fleet import judge_fleet, load_reports, render_html, to_json
+from pytest_collectives.nodereport.preflight import read_nvml
 
 NODES = 16
 SICK = "node07"  # the degraded node of the simulated fleets
@@ -445,3 +449,129 @@ def test_html_names_the_outlier_and_escapes_data(tmp_path):
     assert f"p2p GPU{SLOW_GPU}->GPU0" in {row[0] for row in outliers[1:]}
     assert len(outliers) - 1 == 14 and all(row[1] == "FAIL" for row in outliers[1:])
     assert "Overall verdict: FAIL: 1 of 16 nodes fail" in page
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Markup in any field of a report stays text, on the node's page and on the fleet's
+
+# It closes a cell, opens a script, breaks out of an attribute quoted either way, and hides a tag in
+# backticks, which the `code` filter turns into <code>: escaping after that rule would let the tag through.
+HOSTILE = """</td><script>alert(1)</script>" onmouseover="alert(2)" x=' onfocus='alert(3)' """
+HOSTILE += "`<img src=x onerror=alert(4)>`"
+# Every (element, attribute) the templates write; data never adds one.
+ATTRIBUTES = {
+    ("html", "lang"), ("meta", "charset"), ("meta", "http-equiv"), ("meta", "content"), ("meta", "name"),
+    ("div", "class"), ("span", "class"), ("p", "class"), ("th", "class"), ("td", "class"),
+    ("img", "src"), ("img", "alt"), ("img", "title"), ("details", "open"), ("a", "href"), ("h2", "id"),
+}  # fmt: skip
+
+
+def string_fields(value, path=()):
+    """(path, text) of every string in `value`, dict keys aside."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from string_fields(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from string_fields(item, (*path, i))
+
+
+def put(data, path, value) -> None:
+    for key in path[:-1]:
+        data = data[key]
+    data[path[-1]] = value
+
+
+def plant_markup(data: dict) -> set[str]:
+    """Set every string field of `data` that write_report takes as free text to HOSTILE plus a number;
+    return the fields planted, list indices written []. A field of a fixed vocabulary (link classes,
+    verdicts, the time) keeps its value: write_report refuses anything else there."""
+    fields: dict[str, list] = {}
+    for path, text in string_fields(data):
+        field = "".join("[]" if isinstance(k, int) else f".{k}" for k in path)
+        fields.setdefault(field, []).append((path, text))
+    number = itertools.count()
+    planted = set()
+    for field, found in fields.items():
+        for path, _ in found:
+            put(data, path, f"{HOSTILE}{next(number)}")
+        try:
+            node_report._validate_data(data)
+            node_report.report_checks(data)
+        except node_report.ReportError:
+            for path, text in found:
+                put(data, path, text)
+        else:
+            planted.add(field)
+    return planted
+
+
+class Elements(HTMLParser):
+    """Every element with its attributes, and the page's text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.elements: list[tuple[str, list]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, attrs))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def assert_inert(page: str, images: int) -> Elements:
+    parser = Elements()
+    parser.feed(page)
+    parser.close()
+    assert "<script" not in page.lower()
+    attributes = {(tag, name) for tag, attrs in parser.elements for name, _ in attrs}
+    assert attributes <= ATTRIBUTES, attributes - ATTRIBUTES
+    assert [tag for tag, _ in parser.elements].count("img") == images
+    assert HOSTILE in "".join(parser.text)  # shown, as text
+    return parser
+
+
+def test_markup_in_any_field_stays_text(tmp_path, monkeypatch):
+    # Images are inlined, but matplotlib is not what this reads, and it takes seconds over these labels.
+    for plot in ("p2p_plot", "busbw_plot", "baseline_plot"):
+        monkeypatch.setattr(node_report, plot, lambda *args: b"\x89PNG\r\n\x1a\n")
+    data = gpu_data()
+    labels = [f"GPU{i}" for i in range(8)]
+    latency = [[None if i == j else 2.0 for j in range(8)] for i in range(8)]
+    data["p2p_latency"] = {"devices": labels, "matrix_us": latency}
+    data["host_device"] = {"bytes": 1 << 28, "devices": labels, "series": {"h2d pinned": [25.0] * 7 + [10.0]}}
+    failure = {"nodeid": "t.py::x", "longrepr": "E"}
+    data["tests"] = {"passed": 1, "failed": 1, "skipped": 0, "failures": [failure]}
+    data["baseline"]["rows"][0].update(ratio=1.3, now_median_s=0.013, verdict="regression")
+    gpus = hgx()
+    gpus[3].width = 8  # a preflight check names GPU3 by its model and bus id
+    data["preflight"] = read_nvml(FakeNvml(gpus))
+    data["host"] = "host"
+    planted = plant_markup(data)
+    assert planted >= {
+        ".topology_id", ".host", ".fingerprint.cpu_model", ".fingerprint.gpus[].name", ".p2p.devices[]",
+        ".p2p_latency.devices[]", ".host_device.devices[]", ".collectives[].name", ".baseline.path",
+        ".baseline.rows[].benchmark", ".tests.failures[].nodeid", ".tests.failures[].longrepr",
+        ".preflight.gpus[].name", ".preflight.gpus[].bus_id",
+    }  # fmt: skip
+    files = node_report.write_report(tmp_path / "node", data)
+    assert_inert(files["report.html"].read_text(), images=3)
+
+    # The fleet: its node names, paths, figure names (device labels, collectives, benchmarks) and topology
+    # come from the reports. One node slow, for an outlier section; one with a figure alone, for "Not judged".
+    paths = []
+    for k in range(4):
+        node = copy.deepcopy(data)
+        if k == 3:
+            node["p2p"]["matrix"] = [[v and v / 2 for v in row] for row in node["p2p"]["matrix"]]
+        if k == 0:
+            node["collectives"].append({**node["collectives"][0], "name": f"{HOSTILE}alone"})
+        paths.append(write_node(tmp_path / f"{k}<b title='x'>", node, host=f"{HOSTILE}host{k}"))
+    page = fleet.write_fleet(tmp_path / "fleet", judge_fleet(load_reports(paths)))["fleet.html"].read_text()
+    parser = assert_inert(page, images=0)
+    ids = [dict(attrs)["id"] for tag, attrs in parser.elements if tag == "h2" and attrs]
+    assert ids == ["node-3"] and "Not judged" in parser.text

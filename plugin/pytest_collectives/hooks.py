@@ -75,5 +75,3 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("node_report"):
         report = session_report.NodeReport(config, config.getoption("node_report"), settings.gpus)
         config.pluginmanager.register(report, "collectives-node-report")
-
-

@@ -6,6 +6,8 @@ a summary (median and quartiles of the seconds per iteration, rounds, iterations
 rounds: 1000 benchmarks x 5 runs stay well under 1 MB. Files are meant to be committed and reviewed, so they
 are plain JSON with sorted keys, one benchmark per line. Loading is strict: a baseline that silently lost a
 field would gate CI on garbage, so every defect is a one-line `BaselineError` naming the file and the field.
+The format is the JSON Schema `schemas/baseline.schema.json` (BASELINE_SCHEMA), shipped with the package;
+the loader checks it, then what a schema cannot say (quartile order, UTC times, the id of the fingerprint).
 """
 
 from __future__ import annotations
@@ -24,20 +26,21 @@ from typing import Any
 
 from pytest_collectives.atomic import write_atomic
 from pytest_collectives.errors import OneLineError
+from pytest_collectives.schemas import load_schema
+from pytest_collectives.schemas.validation import first_error
 from pytest_collectives.topology.machine import Fingerprint, FingerprintError, topology_id
 
 SCHEMA_VERSION = 2
 DEFAULT_NAME = "baseline"
 KEEP_RUNS = 5
 OVERWRITE_FLAG = "--baseline-overwrite"
-_TOP_FIELDS = {"schema_version", "topology_id", "fingerprint", "runs"}
-_RUN_FIELDS = {"created", "commit", "benchmarks"}
 _TIME_FIELDS = ("median", "q1", "q3")
 _COUNT_FIELDS = ("rounds", "iterations")
-_SUMMARY_FIELDS = {*_TIME_FIELDS, *_COUNT_FIELDS}
 _DIGITS = 4  # significant digits kept: far below any spread a gate can see, and short lines to review
 _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# Published with the package (schemas/baseline.schema.json) for tools that read or write baselines.
+BASELINE_SCHEMA: dict[str, Any] = load_schema("baseline.schema.json")
 
 
 class BaselineError(OneLineError):
@@ -117,61 +120,15 @@ def baseline_path(root: str | os.PathLike[str], fingerprint: Fingerprint, name: 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Validation: one function per level, each naming the field it checks.
+# Validation: the schema first (it names the first bad field), then what a schema cannot say.
 
 
 def _fail(path: Path, field: str, expected: str) -> BaselineError:
     return BaselineError(f"{path}: field '{field}' must be {expected}; fix the file or re-record it")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_fields(path: Path, data: Any, field: str, fields: set[str]) -> None:
-    if not isinstance(data, dict):
-        raise _fail(path, field, "an object")
-    missing, unknown = sorted(fields - data.keys()), sorted(data.keys() - fields)
-    prefix = f"{field}." if field else ""
-    if missing:
-        raise _fail(path, f"{prefix}{missing[0]}", "present")
-    if unknown:
-        raise _fail(path, f"{prefix}{unknown[0]}", "absent (unknown field)")
-
-
-def _summary_from_json(path: Path, data: Any, field: str) -> Summary:
-    _check_fields(path, data, field, _SUMMARY_FIELDS)
-    for name in _TIME_FIELDS:
-        if not _is_number(data[name]) or data[name] <= 0:
-            raise _fail(path, f"{field}.{name}", "a positive finite number of seconds")
-    for name in _COUNT_FIELDS:
-        value = data[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise _fail(path, f"{field}.{name}", "a whole number >= 1")
-    if not data["q1"] <= data["median"] <= data["q3"]:
-        raise _fail(path, f"{field}.median", "between q1 and q3")
-    return Summary(**{name: data[name] for name in _SUMMARY_FIELDS})
-
-
-def _run_from_json(path: Path, data: Any, field: str) -> Run:
-    _check_fields(path, data, field, _RUN_FIELDS)
-    created = data["created"]
-    if not isinstance(created, str) or not _is_utc_iso(created):
-        raise _fail(path, f"{field}.created", "a UTC ISO 8601 time such as 2025-01-31T12:00:00+00:00")
-    commit = data["commit"]
-    if commit is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
-        raise _fail(path, f"{field}.commit", "a git commit hash (hex) or null")
-    benchmarks = data["benchmarks"]
-    if not isinstance(benchmarks, dict) or not benchmarks:
-        raise _fail(path, f"{field}.benchmarks", "a non-empty object keyed by benchmark name")
-    return Run(
-        created,
-        commit,
-        {
-            name: _summary_from_json(path, entry, f"{field}.benchmarks.{name}")
-            for name, entry in benchmarks.items()
-        },
-    )
+def _named(field: str) -> str:
+    return f"field '{field}'" if field else "the file"
 
 
 def _baseline_from_json(path: Path, data: Any) -> Baseline:
@@ -179,18 +136,19 @@ def _baseline_from_json(path: Path, data: Any) -> Baseline:
         raise BaselineError(
             f"{path}: the file must hold a JSON object, not {type(data).__name__}; re-record it"
         )
-    if "schema_version" not in data:
-        raise _fail(path, "schema_version", f"present ({SCHEMA_VERSION})")
-    if data["schema_version"] != SCHEMA_VERSION or isinstance(data["schema_version"], bool):
+    # Before the schema: a file of another version differs in every field, and only re-recording fixes it.
+    if "schema_version" in data and data["schema_version"] != SCHEMA_VERSION:
         raise BaselineError(
             f"{path}: field 'schema_version' is {data['schema_version']!r} but this plugin reads version "
             f"{SCHEMA_VERSION} (several runs, each a summary per benchmark); re-record the baseline: "
             f"--baseline-save {OVERWRITE_FLAG} once, then --baseline-save twice more"
         )
-    _check_fields(path, data, "", _TOP_FIELDS)
+    problem = first_error(data, BASELINE_SCHEMA, _named)
+    if problem:
+        raise BaselineError(f"{path}: {problem}; fix the file or re-record it")
     try:
         fingerprint = Fingerprint.from_json(data["fingerprint"])
-    except FingerprintError as e:
+    except FingerprintError as e:  # the links matrix: square, X exactly on the diagonal
         raise _fail(path, f"fingerprint.{e.field}", e.expected) from None
     expected_id = topology_id(fingerprint)
     if data["topology_id"] != expected_id:
@@ -199,15 +157,23 @@ def _baseline_from_json(path: Path, data: Any) -> Baseline:
             f"{expected_id!r}; "
             f"the fingerprint was edited, or the file is from another plugin version: re-record it"
         )
-    runs = data["runs"]
-    if not isinstance(runs, list) or not runs:
-        raise _fail(path, "runs", "a non-empty list of recorded runs")
     return Baseline(
         path=path,
         topology_id=expected_id,
         fingerprint=fingerprint,
-        runs=tuple(_run_from_json(path, run, f"runs[{i}]") for i, run in enumerate(runs)),
+        runs=tuple(_run_from_json(path, run, f"runs[{i}]") for i, run in enumerate(data["runs"])),
     )
+
+
+def _run_from_json(path: Path, data: dict[str, Any], field: str) -> Run:
+    if not _is_utc_iso(data["created"]):
+        raise _fail(path, f"{field}.created", "a UTC ISO 8601 time such as 2025-01-31T12:00:00+00:00")
+    benchmarks = {}
+    for name, summary in data["benchmarks"].items():
+        if not summary["q1"] <= summary["median"] <= summary["q3"]:
+            raise _fail(path, f"{field}.benchmarks.{name}.median", "between q1 and q3")
+        benchmarks[name] = Summary(**summary)
+    return Run(data["created"], data["commit"], benchmarks)
 
 
 def _is_utc_iso(text: str) -> bool:

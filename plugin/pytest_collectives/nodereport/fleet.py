@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import html
 import json
 import os
 import statistics
@@ -45,6 +44,7 @@ import numpy as np
 
 from pytest_collectives.atomic import write_atomic
 from pytest_collectives.errors import OneLineError
+from pytest_collectives.nodereport import pages
 from pytest_collectives.nodereport.checks import (
     FAIL,
     MODIFIED_Z,
@@ -57,7 +57,7 @@ from pytest_collectives.nodereport.checks import (
     robust,
     status_for,
 )
-from pytest_collectives.nodereport.write import CSS, REPORT_SCHEMA, ReportError, human_bytes, validate
+from pytest_collectives.nodereport.write import REPORT_SCHEMA, ReportError, human_bytes, validate
 
 SCHEMA_VERSION = 1
 JSON_NAME, HTML_NAME = "fleet.json", "fleet.html"
@@ -414,85 +414,53 @@ def dumps(result: FleetResult) -> str:
     return json.dumps(to_json(result), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def _pill(status: str) -> str:
-    return f'<span class="pill {status}">{status}</span>'
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = ()) -> str:
-    """A table of cells that are already HTML (escaped by the caller)."""
-
-    def cell(tag: str, i: int, content: str) -> str:
-        return f"<{tag}{' class=num' * (i in numeric)}>{content}</{tag}>"
-
-    head = "<tr>" + "".join(cell("th", i, html.escape(h)) for i, h in enumerate(header)) + "</tr>"
-    body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>" for row in rows)
-    return f"<table>{head}{body}</table>"
-
-
 def render_html(result: FleetResult) -> str:
-    """fleet.html: self-contained (no script, nothing fetched); every datum goes through html.escape."""
-    e = html.escape
-    counts = result.counts()
-    summary = (
-        f"{result.verdict}: {counts[FAIL]} of {len(result.nodes)} nodes fail, {counts[WARN]} warn, "
-        f"{counts[PASS]} pass"
-    )
-    flagged = [(i, n) for i, n in enumerate(result.nodes) if n.outliers]
+    """fleet.html (templates/fleet.html.j2): self-contained, no script, nothing fetched; the template escapes
+    every datum."""
     node_rows = [
-        (
-            f'<a href="#node-{i}">{e(n.name)}</a>' if n.outliers else e(n.name),
-            _pill(n.verdict),
-            str(len(n.outliers)),
-            e(str(n.judged)),
-        )
+        ({"name": n.name, "anchor": _anchor(i) if n.outliers else None}, n.verdict, len(n.outliers), n.judged)
         for i, n in enumerate(result.nodes)
     ]
-    sections = [
-        "<h1>Fleet report</h1>"
-        f"<p class=meta>{e(result.topology_id)} &middot; {len(result.nodes)} nodes &middot; "
-        f"{len(result.stats)} figures judged</p>",
-        f'<div class="verdict {e(result.verdict)}">Overall verdict: {e(summary)}</div>',
-        f"<p>A figure is an outlier when it is below {result.warn_below:.0%} (WARN) or "
-        f"{result.fail_below:.0%} (FAIL) of the fleet median and its modified z-score exceeds "
-        f"{MODIFIED_Z}. Times are judged as speeds: the ratio is the fleet median time over the node's.</p>",
-        "<h2>Nodes</h2>"
-        + _table(["Node", "Verdict", "Outlier figures", "Figures judged"], node_rows, numeric=(2, 3)),
+    flagged = [
+        {
+            "anchor": _anchor(i),
+            "name": n.name,
+            "verdict": n.verdict,
+            "path": n.path,
+            "outliers": [
+                (
+                    c.name,
+                    c.status,
+                    f"{c.details['value']:.4g} {c.details['unit']}",
+                    f"{c.details['fleet_median']:.4g} {c.details['unit']}",
+                    f"{c.details['ratio']:.3f}",
+                    "-" if c.details["z"] is None else f"{c.details['z']:.1f}",
+                )
+                for c in n.outliers
+            ],
+        }
+        for i, n in enumerate(result.nodes)
+        if n.outliers
     ]
-    for i, node in flagged:
-        rows = [
-            (
-                e(c.name),
-                _pill(c.status),
-                e(f"{c.details['value']:.4g} {c.details['unit']}"),
-                e(f"{c.details['fleet_median']:.4g} {c.details['unit']}"),
-                e(f"{c.details['ratio']:.3f}"),
-                e("-" if c.details["z"] is None else f"{c.details['z']:.1f}"),
-            )
-            for c in node.outliers
-        ]
-        sections.append(
-            f'<h2 id="node-{i}">{e(node.name)}: {e(node.verdict)}</h2>'
-            f"<p class=meta>{e(node.path)}</p>"
-            + _table(
-                ["Figure", "Status", "Node value", "Fleet median", "Ratio", "z"], rows, numeric=(2, 3, 4, 5)
-            )
-        )
-    if result.unjudged:
-        rows = [(e(name),) for name in result.unjudged]
-        sections.append(
-            f"<h2>Not judged</h2><p>Measured on fewer than {MIN_NODES} nodes, or zero on all.</p>"
-            + _table(["Figure"], rows)
-        )
-    # The same policy as the node report: nothing may load from anywhere.
-    policy = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
-    return (
-        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
-        f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
-        "<meta name=viewport content='width=device-width, initial-scale=1'>"
-        f"<title>Fleet report: {e(result.topology_id)}</title><style>{CSS}</style></head>\n<body>\n"
-        + "\n".join(sections)
-        + "\n</body></html>\n"
+    return pages.render(
+        "fleet.html.j2",
+        topology_id=result.topology_id,
+        verdict=result.verdict,
+        counts=result.counts(),
+        judged=len(result.stats),
+        warn_below=f"{result.warn_below:.0%}",
+        fail_below=f"{result.fail_below:.0%}",
+        modified_z=MODIFIED_Z,
+        node_rows=node_rows,
+        flagged=flagged,
+        unjudged=[(name,) for name in result.unjudged],
+        min_nodes=MIN_NODES,
     )
+
+
+def _anchor(index: int) -> str:
+    # By position, not by name: a node's name is data and may hold anything.
+    return f"node-{index}"
 
 
 def write_fleet(directory: str | os.PathLike[str], result: FleetResult) -> dict[str, Path]:

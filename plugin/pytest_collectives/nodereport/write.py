@@ -49,19 +49,15 @@ from __future__ import annotations
 
 import base64
 import datetime
-import html
 import io
 import itertools
 import json
-import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-import jsonschema
 import numpy as np
 
 from pytest_collectives.atomic import write_atomic
@@ -74,9 +70,10 @@ from pytest_collectives.gate.statistics import (
     UNCHANGED,
 )
 from pytest_collectives.nodereport import checks as nodecheck
-from pytest_collectives.nodereport import preflight
+from pytest_collectives.nodereport import pages, preflight
 from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check, NodeCheckError
 from pytest_collectives.schemas import load_schema
+from pytest_collectives.schemas.validation import first_error, shown
 from pytest_collectives.topology.machine import Fingerprint, FingerprintError
 
 SCHEMA_VERSION = 1
@@ -107,63 +104,10 @@ class ReportError(OneLineError):
 # Validation: jsonschema finds the first bad field, the message names it in one line
 
 
-def _finite(checker: Any, value: Any) -> bool:
-    # JSON has no NaN or infinity, so a report holding one could not be read back.
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _integer(checker: Any, value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_Validator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
-        {"number": _finite, "integer": _integer}
-    ),
-)
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _field(path: Sequence[str | int]) -> str:
-    return "".join(f"[{key}]" if isinstance(key, int) else f".{key}" for key in path).lstrip(".")
-
-
-def _message(error: jsonschema.ValidationError) -> str:
-    field = _field(error.absolute_path) or "(top level)"
-    prefix = f"{_field(error.absolute_path)}." if error.absolute_path else ""
-    kind, expected, value = error.validator, error.validator_value, error.instance
-    if kind == "type":
-        names = [expected] if isinstance(expected, str) else list(expected)
-        return f"{field} must be {' or '.join(names)}, got {_shown(value)}"
-    if kind == "enum":
-        return f"{field} must be one of {', '.join(json.dumps(o) for o in expected)}, got {_shown(value)}"
-    if kind == "required":
-        return f"{prefix}{next(k for k in expected if k not in value)} is missing"
-    if kind == "additionalProperties":
-        known = list(error.schema.get("properties", {}))
-        extra = sorted(k for k in value if k not in known)[0]
-        return f"{prefix}{extra} is not a known field (known: {', '.join(known)})"
-    if kind == "minItems":
-        return f"{field} must have at least {expected} item(s)"
-    if kind == "minLength":
-        return f"{field} must not be empty"
-    if kind == "minimum":
-        return f"{field} must be >= {expected}, got {_shown(value)}"
-    if kind == "exclusiveMinimum":
-        return f"{field} must be > {expected}, got {_shown(value)}"
-    return f"{field}: {error.message}"
-
-
 def validate(value: Any, schema: Mapping[str, Any]) -> None:
     """Raise ReportError naming the first field of `value` that `schema` rejects, in one line."""
-    errors = sorted(_Validator(schema).iter_errors(value), key=lambda e: [str(k) for k in e.absolute_path])
-    if errors:
-        raise ReportError(f"report data: {_message(errors[0])}")
+    if problem := first_error(value, schema):
+        raise ReportError(f"report data: {problem}")
 
 
 def _validate_data(data: Any) -> None:
@@ -174,7 +118,7 @@ def _validate_data(data: Any) -> None:
     except ValueError:
         raise ReportError(
             f"report data: created must be an ISO 8601 time, e.g. 2024-06-01T12:00:00+00:00, got "
-            f"{_shown(data['created'])}"
+            f"{shown(data['created'])}"
         ) from None
     try:
         Fingerprint.from_json(data["fingerprint"])
@@ -536,65 +480,47 @@ def _threshold(baseline: Mapping[str, Any]) -> float:
 # HTML
 
 
-CSS = """
-body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #212121; margin: 0 auto;
-       max-width: 1100px; padding: 1.5em 2em 4em; }
-h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { font-size: 1.25em; margin-top: 2em;
-     border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
-.meta { color: #616161; margin-top: 0; }
-.verdict { font-size: 1.3em; font-weight: 600; padding: 0.6em 1em; border-radius: 6px; color: white; }
-.PASS { background: #2e7d32; } .WARN { background: #ef8f00; } .FAIL { background: #c62828; }
-table { border-collapse: collapse; width: 100%; margin: 0.8em 0; }
-th, td { text-align: left; padding: 0.35em 0.6em; border-bottom: 1px solid #eee; vertical-align: top; }
-th { background: #f5f5f5; } .num { text-align: right; font-variant-numeric: tabular-nums; }
-.pill { color: white; font-weight: 600; font-size: 0.85em; padding: 0.1em 0.5em; border-radius: 4px; }
-td.name { white-space: nowrap; }
-code { background: #f3f3f3; padding: 0 0.25em; border-radius: 3px; }
-pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; border: 1px solid #eee; }
-img { max-width: 100%; height: auto; display: block; margin: 0.8em 0; }
-.skipped { color: #616161; font-style: italic; }
-details summary { cursor: pointer; margin: 0.3em 0; } summary code { font-size: 0.95em; }
-"""
-
-
-def _text(value: Any) -> str:
-    """Escaped text, with `backticked` words shown as code (safe: the escaping comes first)."""
-    return re.sub(r"`([^`<>]+)`", r"<code>\1</code>", html.escape(str(value)))
-
-
-def _table(header: Sequence[str] | None, rows: Sequence[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
-    def cell(tag: str, i: int, content: str) -> str:
-        return f"<{tag}{' class=num' * (i in numeric)}>{content}</{tag}>"
-
-    head = (
-        "<tr>" + "".join(cell("th", i, html.escape(h)) for i, h in enumerate(header)) + "</tr>"
-        if header
-        else ""
-    )
-    body = "".join(
-        "<tr>" + "".join(cell("td", i, _text(c)) for i, c in enumerate(row)) + "</tr>" for row in rows
-    )
-    return f"<table>{head}{body}</table>"
-
-
-def _image(name: str, plot: bytes | str, alt: str) -> str:
-    if isinstance(plot, str):
-        return f'<p class="skipped">{_text(plot)}</p>'
-    encoded = base64.b64encode(plot).decode("ascii")
-    return f'<img src="data:image/png;base64,{encoded}" alt="{html.escape(alt)}" title="{html.escape(name)}">'
-
-
-def _checks_html(checks: Sequence[Check], verdict: str) -> str:
-    counts = {s: sum(c.status == s for c in checks) for s in nodecheck.STATUSES}
-    summary = f"{verdict} ({counts[FAIL]} checks failed, {counts[WARN]} warned, {counts[PASS]} passed)"
-    rows = "".join(
-        f'<tr><td><span class="pill {c.status}">{c.status}</span></td><td class=name>{_text(c.name)}</td>'
-        f"<td>{_text(c.reason)}{_check_table(c)}</td></tr>"
-        for c in _worst_first(checks)
-    )
-    return (
-        f'<div class="verdict {verdict}">Overall verdict: {html.escape(summary)}</div>'
-        f"<table><tr><th>Status</th><th>Check</th><th>Reason and what to do</th></tr>{rows}</table>"
+def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> str:
+    """The report page (templates/report.html.j2); the template escapes every piece of data."""
+    checks = _worst_first([Check(**c) for c in report["checks"]])
+    baseline = report["baseline"]
+    return pages.render(
+        "report.html.j2",
+        topology_id=report["topology_id"],
+        created=report["created"],
+        verdict=report["verdict"],
+        counts={s: sum(c.status == s for c in checks) for s in nodecheck.STATUSES},
+        checks=[
+            {"status": c.status, "name": c.name, "reason": c.reason, "table": c.details.get(TABLE)}
+            for c in checks
+        ],
+        tests=report["tests"],
+        p2p_plot=_plot(P2P_PLOT, plots[P2P_PLOT]),
+        busbw_plot=_plot(BUSBW_PLOT, plots[BUSBW_PLOT]),
+        baseline_plot=_plot(BASELINE_PLOT, plots[BASELINE_PLOT]),
+        explain=_explain(report["p2p"]),
+        latency=_latency(report.get("p2p_latency")),
+        host=_host_device(report.get("host_device")),
+        collectives=[
+            (c["name"], human_bytes(c["bytes"]), f"{c['busbw_GBps']:.3g}", f"{c['algbw_GBps']:.3g}")
+            for c in sorted(report["collectives"], key=lambda c: (c["name"], c["bytes"]))
+        ],
+        baseline={
+            "available": baseline["available"],
+            "path": baseline["path"],
+            "threshold": f"{_threshold(baseline):.2f}",
+            "rows": [
+                (
+                    r["benchmark"],
+                    f"{r['baseline_median_s']:.4g}",
+                    f"{r['now_median_s']:.4g}",
+                    f"{r['ratio']:.3f}x",
+                    r["verdict"],
+                )
+                for r in baseline["rows"]
+            ],
+        },
+        machine=_machine_rows(report["fingerprint"], report["topology_id"]),
     )
 
 
@@ -602,104 +528,58 @@ def _worst_first(checks: Sequence[Check]) -> list[Check]:
     return sorted(checks, key=lambda c: -nodecheck.STATUSES.index(c.status))
 
 
-def _check_table(check: Check) -> str:
-    table = check.details.get(TABLE)
-    return _table(table["columns"], table["rows"]) if table else ""
+def _plot(name: str, plot: bytes | str) -> dict[str, str | None]:
+    """An inlined PNG (`src`), or the note saying why it was not drawn."""
+    if isinstance(plot, str):
+        return {"file": name, "src": None, "note": plot}
+    # Base64 holds no character that HTML escapes, so the data URI reaches the page as it is.
+    src = "data:image/png;base64," + base64.b64encode(plot).decode("ascii")
+    return {"file": name, "src": src, "note": None}
 
 
-def _tests_html(tests: Mapping[str, Any]) -> str:
-    parts = [f"<p>{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped.</p>"]
-    for failure in tests["failures"]:
-        parts.append(
-            f"<details open><summary><code>{html.escape(failure['nodeid'])}</code></summary>"
-            f"<pre>{html.escape(failure['longrepr'])}</pre></details>"
-        )
-    if tests["failed"] and not tests["failures"]:
-        parts.append('<p class="skipped">The failures\' tracebacks were not recorded.</p>')
-    return "".join(parts)
-
-
-def _explain_html(p2p: Mapping[str, Any] | None) -> str:
+def _explain(p2p: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """explain_pairs's text as a lead sentence, one item per link class, its closing notes, and the legend of
+    the classes present; None without GPU pairs."""
     if not _has_pairs(p2p):
-        return '<p class="skipped">No GPU pairs in this run, so there are no link classes to explain.</p>'
+        return None
     text = nodecheck.explain_pairs(p2p["classes"], 0, matrix=p2p["matrix"], labels=p2p["devices"])
     lines = text.splitlines()
-    items = "".join(f"<li>{_text(line[2:])}</li>" for line in lines if line.startswith("- "))
-    rest = "".join(f"<p>{_text(line)}</p>" for line in lines[1:] if not line.startswith("- "))
     present = sorted({c for i, row in enumerate(p2p["classes"]) for j, c in enumerate(row) if i != j})
-    legend = _table(
-        ["Class", "Meaning (nvidia-smi topo -m legend)"], [(c, nodecheck.link_meaning(c)) for c in present]
-    )
-    return f"<p>{_text(lines[0])}</p><ul>{items}</ul>{rest}{legend}"
+    return {
+        "lead": lines[0],
+        "links": [line[2:] for line in lines if line.startswith("- ")],
+        "notes": [line for line in lines[1:] if not line.startswith("- ")],
+        "legend": [(c, nodecheck.link_meaning(c)) for c in present],
+    }
 
 
 def _number(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _latency_html(latency: Mapping[str, Any] | None) -> str:
+def _latency(latency: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if latency is None:
-        return '<p class="skipped">No pair latency was measured (test_p2p.py::test_pair_latency).</p>'
+        return None
     labels = latency["devices"]
     rows = [
         [labels[i], *("X" if i == j else _number(v, 1) for j, v in enumerate(row))]
         for i, row in enumerate(latency["matrix_us"])
     ]
-    intro = "<p>Microseconds per 4-byte message sent back to back, from the row's device to the column's.</p>"
-    return intro + _table(["from \\ to", *labels], rows, numeric=range(1, len(labels) + 1))
+    return {"devices": labels, "rows": rows}
 
 
-def _host_device_html(host: Mapping[str, Any] | None) -> str:
+def _host_device(host: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if host is None:
-        return (
-            '<p class="skipped">No copies between host and GPU were measured (a CPU run, or '
-            "suites/perf/test_host_device.py not run).</p>"
-        )
+        return None
     series = host["series"]
     rows = [
         [label, *(_number(values[i], 1) for values in series.values())]
         for i, label in enumerate(host["devices"])
     ]
-    intro = (
-        f"<p>GB/s per GPU at {human_bytes(host['bytes'])}, one GPU at a time: pinned host memory is copied "
-        f"by DMA at link speed, pageable memory is staged by the driver; bidir counts both directions, local "
-        f"is a copy inside the GPU's memory.</p>"
-    )
-    return intro + _table(["GPU", *series], rows, numeric=range(1, len(series) + 1))
+    return {"size": human_bytes(host["bytes"]), "series": list(series), "rows": rows}
 
 
-def _collectives_html(collectives: Sequence[Mapping[str, Any]]) -> str:
-    if not collectives:
-        return ""
-    rows = [
-        (c["name"], human_bytes(c["bytes"]), f"{c['busbw_GBps']:.3g}", f"{c['algbw_GBps']:.3g}")
-        for c in sorted(collectives, key=lambda c: (c["name"], c["bytes"]))
-    ]
-    table = _table(["Collective", "Size", "busbw (GB/s)", "algbw (GB/s)"], rows, numeric=(1, 2, 3))
-    return f"<details><summary>The figures ({len(rows)} measurements)</summary>{table}</details>"
-
-
-def _baseline_html(baseline: Mapping[str, Any]) -> str:
-    where = f"Baseline: <code>{html.escape(baseline['path'])}</code>. " if baseline["path"] else ""
-    intro = f"<p>{where}A benchmark is a regression at {_threshold(baseline):.2f}x or more, beyond noise.</p>"
-    if not baseline["rows"]:
-        return intro if baseline["available"] else ""
-    rows = [
-        (
-            r["benchmark"],
-            f"{r['baseline_median_s']:.4g}",
-            f"{r['now_median_s']:.4g}",
-            f"{r['ratio']:.3f}x",
-            r["verdict"],
-        )
-        for r in baseline["rows"]
-    ]
-    return intro + _table(
-        ["Benchmark", "Baseline median (s)", "Now median (s)", "Ratio", "Verdict"], rows, (1, 2, 3)
-    )
-
-
-def _machine_html(fingerprint: Mapping[str, Any], topology_id: str) -> str:
+def _machine_rows(fingerprint: Mapping[str, Any], topology_id: str) -> list[tuple[str, str]]:
     gpus: dict[str, int] = {}
     for gpu in fingerprint["gpus"]:
         pcie = (
@@ -720,39 +600,7 @@ def _machine_html(fingerprint: Mapping[str, Any], topology_id: str) -> str:
     for label, key in (("torch", "torch_version"), ("CUDA", "cuda_version"), ("NCCL", "nccl_version")):
         rows.append((label, fingerprint[key] or "-"))
     rows.append(("Driver", fingerprint["driver_version"] or "-"))
-    return _table(None, rows)
-
-
-def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> str:
-    """The report page; every piece of data goes through html.escape."""
-    checks = [Check(**c) for c in report["checks"]]
-    tid = report["topology_id"]
-    sections = [
-        f"<h1>Node report</h1><p class=meta>{_text(tid)} &middot; created {_text(report['created'])}</p>",
-        _checks_html(checks, report["verdict"]),
-        "<h2>Test run</h2>" + _tests_html(report["tests"]),
-        "<h2>GPU-to-GPU bandwidth</h2>" + _image(P2P_PLOT, plots[P2P_PLOT], "P2P bandwidth heatmap"),
-        "<h2>Why copies to different GPUs take different times</h2>" + _explain_html(report["p2p"]),
-        "<h2>GPU-to-GPU latency</h2>" + _latency_html(report.get("p2p_latency")),
-        "<h2>Copies between host and GPU</h2>" + _host_device_html(report.get("host_device")),
-        "<h2>Collectives: bus bandwidth vs message size</h2>"
-        + _image(BUSBW_PLOT, plots[BUSBW_PLOT], "bus bandwidth vs message size")
-        + _collectives_html(report["collectives"]),
-        "<h2>Compared with the baseline</h2>"
-        + _image(BASELINE_PLOT, plots[BASELINE_PLOT], "time now / baseline per benchmark")
-        + _baseline_html(report["baseline"]),
-        "<h2>Machine</h2>" + _machine_html(report["fingerprint"], tid),
-    ]
-    # The policy makes the offline promise hold in the browser too: nothing may load from anywhere.
-    policy = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
-    return (
-        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
-        f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
-        f"<meta name=viewport content='width=device-width, initial-scale=1'>"
-        f"<title>Node report: {html.escape(tid)}</title><style>{CSS}</style></head>\n<body>\n"
-        + "\n".join(sections)
-        + "\n</body></html>\n"
-    )
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -769,7 +617,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines = [
         f"### Node report: {report['verdict']}",
         "",
-        f"`{report['topology_id']}`" + (f" on `{report['host']}`" if report.get("host") else "")
+        f"`{report['topology_id']}`"
+        + (f" on `{report['host']}`" if report.get("host") else "")
         + f", created {report['created']}",
         "",
         "| Status | Check | Reason and what to do |",
