@@ -7,7 +7,10 @@ profile) so the time measured is the time to the first failing example.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -103,11 +106,50 @@ def test_planted_bug_is_caught(pytester: pytest.Pytester, name, original, plante
     assert outcomes.get("failed", 0) >= 1, f"{name} was not caught:\n{result.stdout.str()[-3000:]}"
 
 
-def test_the_unmutated_copy_passes(pytester: pytest.Pytester) -> None:
-    """The control: the same harness with nothing planted passes, so a catch above is the bug's doing."""
+# Rank 0 of two gets max(1, 2) = 2 from a correct backend, 1 + 2 = 3 from one that sums under any op.
+_REDUCE_SCATTER_PROBE = """
+import sys, torch, torch.distributed as dist
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 2), rank=rank, world_size=2)
+out = torch.empty(1)
+dist.reduce_scatter_tensor(out, torch.tensor([1.0 + rank, 5.0 - rank]), op=dist.ReduceOp.MAX)
+print(out.item())
+"""
+
+
+def gloo_reduce_scatter_honours_op(tmp_path: Path) -> bool:
+    """Whether this torch's gloo reduce_scatter_tensor applies its op: up to 2.5 at least, it always sums."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    store = str(tmp_path / "probe-store")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _REDUCE_SCATTER_PROBE, str(rank), store],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    printed = [rank.communicate(timeout=120)[0].strip() for rank in ranks]
+    assert all(rank.returncode == 0 for rank in ranks), f"the probe failed: {printed}"
+    return printed[0] == "2.0"
+
+
+def test_the_unmutated_copy_passes(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """The control: the same harness with nothing planted passes, so a catch above is the bug's doing.
+
+    Where the backend itself is wrong (gloo's reduce_scatter_tensor summing under any op, as on the torch
+    floor), the unmutated suite must fail, and only on the decomposition built from that call.
+    """
     plant(pytester.path, "def all_reduce_direct(", "def all_reduce_direct(", "test_all_reduce.py")
     result = pytester.runpytest(
         "test_all_reduce.py", "-k", "matches_exact_reference", "--world-sizes", "3",
         "--hypothesis-profile", "planted", "-p", "no:cacheprovider",
     )  # fmt: skip
-    result.assert_outcomes(passed=1)
+    if gloo_reduce_scatter_honours_op(tmp_path):
+        result.assert_outcomes(passed=1)
+    else:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(
+            ["*algorithm='reduce_scatter_all_gather'*", "*differ from the exact result*"]
+        )

@@ -262,7 +262,7 @@ def test_bad_group_state_is_detected_and_replaced(pytester: pytest.Pytester, dam
         @pytest.mark.world_size(2)
         def test_next(pg):
             assert dist.is_initialized()
-            assert torch.get_default_device() == torch.device("cpu")
+            assert torch.empty(()).device == torch.device("cpu")
             t = torch.full((4,), float(pg.rank))
             dist.all_reduce(t)
             assert t.tolist() == [1.0] * 4
@@ -567,20 +567,27 @@ def test_ranks_see_the_environment_pytest_has_when_their_group_starts(pytester: 
 
 
 def test_torch_older_than_the_calls_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
-    # pyproject.toml admits torch 2.1: get_default_device came in 2.3, init_process_group's device_id in 2.2.
+    # pyproject.toml admits torch 2.2: get_default_device and init_process_group's device_id came in 2.3.
+    # Both APIs are faked, so this runs the same on the floor (tox -e floor) and on the newest torch.
     import torch
     import torch.distributed as dist
 
     from pytest_collectives.execution import rank as runner
 
-    gpu = torch.device("cuda", 0)
-    assert runner.bound_device("nccl", gpu) == {"device_id": gpu}
-    assert runner.bound_device("gloo", torch.device("cpu")) == {}
-    monkeypatch.delattr(torch, "get_default_device")
-    assert runner.default_device() == torch.device("cpu")
-
-    def init_process_group_2_1(backend, init_method=None, timeout=None, world_size=-1, rank=-1, store=None):
+    def init_process_group_2_3(backend, init_method=None, timeout=None, device_id=None):
         pass
 
-    monkeypatch.setattr(dist, "init_process_group", init_process_group_2_1)
+    def init_process_group_2_2(backend, init_method=None, timeout=None, store=None):
+        pass
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(dist, "init_process_group", init_process_group_2_3)
+    assert runner.bound_device("nccl", gpu) == {"device_id": gpu}
+    assert runner.bound_device("gloo", torch.device("cpu")) == {}
+    monkeypatch.setattr(dist, "init_process_group", init_process_group_2_2)
     assert runner.bound_device("nccl", gpu) == {}
+
+    monkeypatch.setattr(torch, "get_default_device", lambda: torch.device("meta"), raising=False)
+    assert runner.default_device() == torch.device("meta")
+    monkeypatch.delattr(torch, "get_default_device")
+    assert runner.default_device() == torch.device("cpu")

@@ -300,8 +300,7 @@ def restore_defaults(device: torch.device) -> None:
     """Put back what a test may change for the tests after it on this process: default dtype and device,
     current GPU. (A destroyed group or an op left in flight can't be put back.)"""
     torch.set_default_dtype(torch.float32)
-    if hasattr(torch, "set_default_device"):
-        torch.set_default_device(None)
+    torch.set_default_device(None)
     if device.type == "cuda":
         torch.cuda.set_device(device)
 
@@ -402,7 +401,7 @@ def default_device() -> torch.device:
 
 
 def bound_device(backend: str, device: torch.device) -> dict[str, Any]:
-    """init_process_group's device_id for NCCL (torch 2.2): eager init, so a broken GPU fails at start
+    """init_process_group's device_id for NCCL (torch 2.3): eager init, so a broken GPU fails at start
     rather than mid-test. Older torch initialises lazily: nothing to pass."""
     if backend != "nccl" or "device_id" not in inspect.signature(dist.init_process_group).parameters:
         return {}
