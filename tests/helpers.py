@@ -117,3 +117,11 @@ def gpu_data() -> dict:
         ],
     }
     return data
+
+
+def suite_conftest(suites: Path, extra: str = "") -> str:
+    """One conftest.py for a copy of conformance files in a flat directory: the suites' settings and the
+    conformance suites' probe of the live group (two files in the tree), then ``extra``."""
+    probe = (suites / "conformance" / "conftest.py").read_text()
+    probe = probe.replace("from __future__ import annotations", "")
+    return (suites / "conftest.py").read_text() + probe + extra

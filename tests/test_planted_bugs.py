@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import suite_conftest
 
 import pytest_collectives.algorithms.collectives
 
@@ -85,7 +86,7 @@ def plant(directory: Path, original: str, planted: str, test_file: str) -> None:
     source = Path(pytest_collectives.algorithms.collectives.__file__).read_text()
     assert source.count(original) == 1, f"the mutation site {original!r} is not unique in collectives.py"
     (directory / "mutant.py").write_text(source.replace(original, planted))
-    (directory / "conftest.py").write_text((SUITE / "conftest.py").read_text() + PLANTED_PROFILE)
+    (directory / "conftest.py").write_text(suite_conftest(SUITE, PLANTED_PROFILE))
     shutil.copy(SUITE / "conformance" / "cases.py", directory / "cases.py")
     test = (SUITE / "conformance" / test_file).read_text()
     assert IMPORT in test
@@ -151,5 +152,5 @@ def test_the_unmutated_copy_passes(pytester: pytest.Pytester, tmp_path: Path) ->
     else:
         result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines(
-            ["*algorithm='reduce_scatter_all_gather'*", "*differ from the exact result*"]
+            ["*operations=('reduce_scatter_all_gather',)*", "*differ from the exact result*"]
         )

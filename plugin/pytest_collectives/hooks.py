@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from pytest_collectives.conformance.matrix import CapabilityMatrix
 from pytest_collectives.execution import options, spmd
 from pytest_collectives.execution import xdist as xdist_support
 from pytest_collectives.execution.session import DistributedSession, Launcher, pg, world_size
@@ -24,6 +25,12 @@ from pytest_collectives.nodereport import collect as session_report
 __all__ = ["pg", "world_size"]  # the fixtures, found here by pytest
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_collectives import newhooks
+
+    pluginmanager.add_hookspecs(newhooks)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("collectives", "distributed worker groups (pytest-collectives)")
     for name, help_text, default in options.OPTIONS:
@@ -31,6 +38,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(flag, dest=f"collectives_{name}", default=None, help=f"{help_text}; ini: {name}")
         parser.addini(name, help_text, default=default)
     gate.addoptions(parser, group)
+    group.addoption(
+        "--capability-json",
+        metavar="PATH",
+        help="write the conformance capability matrix (operation x dtype x reduce op) as JSON to PATH",
+    )
     group.addoption(
         "--node-report",
         metavar="DIR",
@@ -70,6 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # One process compares, saves and reports for the session: rank 0 in SPMD mode, the controller
         # under xdist (it sees every worker's test reports; benchmarks do not run on workers).
         return
+    config.pluginmanager.register(CapabilityMatrix(config, settings.backend), "collectives-capabilities")
     baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus, can_remeasure=env is None)
     config.pluginmanager.register(baseline_gate, "collectives-gate")
     if config.getoption("node_report"):

@@ -2,60 +2,145 @@
 
 Values are drawn once, in pytest's process; every rank receives the same draw and rebuilds every rank's
 input from the test's shared seed (reference.rank_input), so the exact reference is computed locally.
+A dtype and reduce op are drawn only where the probe of the live group (conftest.py) found every backend
+call the operation is made of supported: a refused combination is N/A, never drawn and never a pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 from hypothesis import strategies as st
 
+from pytest_collectives.algorithms.reference import defined
+from pytest_collectives.conformance import capabilities as caps
+from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
+
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-INTEGERS = [torch.int8, torch.uint8, torch.int32, torch.int64]
-DTYPES = FLOATS + INTEGERS + [torch.bool]
-FLOAT_OPS = ["sum", "product", "min", "max", "avg"]
-INTEGER_OPS = ["sum", "product", "min", "max", "band", "bor", "bxor"]
 
 # 0, 1, primes, sizes that no world size up to 8 divides, and a few MiB (2**20 + 3 float64 is 8 MiB).
 EDGE_SIZES = [0, 1, 2, 3, 5, 7, 13, 31, 97, 101, 419, 1021, 4099]
+SMALL_SIZES = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 5000))
 SIZES = st.one_of(
-    st.sampled_from(EDGE_SIZES),
-    st.integers(0, 5000),
+    SMALL_SIZES,
     st.integers(0, 5000).map(lambda k: (1 << 16) + k),
     st.just((1 << 20) + 3),
 )
 MAX_RANKS = 8  # members and roots are drawn up to this and folded onto the actual world
 MEMBERS = st.none() | st.frozensets(st.integers(0, MAX_RANKS - 1), min_size=1)
+LAYOUTS = ("contiguous", "strided", "offset")
+# gloo gets the backend's own reduce, broadcast and scatter wrong on a strided view, silently, as it does
+# all_reduce (test_backend_all_reduce_on_a_strided_view); until a known-bug manifest can say so per
+# backend, the backend's own calls are drawn dense (contiguous or at a storage offset).
+DENSE = ("contiguous", "offset")
+
+# Algorithms built from send/recv implement every reduce op but PREMUL_SUM themselves.
+RINGS = ("ring_all_reduce", "naive_ring_all_reduce", "ring_reduce_scatter")
+RING_OPS = [op for op in REDUCE_OPS if op != "premul_sum"]
 
 
-def ops_for(dtype: torch.dtype) -> list[str]:
-    return FLOAT_OPS if dtype.is_floating_point else INTEGER_OPS
+def backend_calls(operation: str, dtype: str, op: str) -> list[Cell]:
+    """The backend calls ``operation`` is made of, each of which the probe must have found supported."""
+    if operation in RINGS:
+        return [("send_recv", dtype, NO_OP)] if op in RING_OPS else [("(no such op)", dtype, op)]
+    if operation == "reduce_broadcast":
+        return [("reduce", dtype, op), ("broadcast", dtype, NO_OP)]
+    if operation == "reduce_scatter_all_gather":
+        return [("reduce_scatter_single", dtype, op), ("all_gather_single", dtype, NO_OP)]
+    return [(operation, dtype, op)]
+
+
+def supported_cells(
+    operations: Sequence[str], dtypes: Sequence[torch.dtype], ops: Sequence[str]
+) -> list[tuple[torch.dtype, str]]:
+    """(dtype, op) pairs with an exact reference where every one of ``operations`` is supported here."""
+    found = caps.active()
+    return [
+        (dtype, op)
+        for dtype in dtypes
+        for op in ops
+        if (op == NO_OP or defined(dtype, op))
+        and found.supports_all(c for name in operations for c in backend_calls(name, dtype_name(dtype), op))
+    ]
+
+
+def applicable(operations: Sequence[str], reduces: bool) -> bool:
+    """Whether any of ``operations`` has a supported cell: the conftest skips a test as N/A otherwise."""
+    ops = REDUCE_OPS if reduces else [NO_OP]
+    found = caps.active()
+    return any(found.supports(name) or supported_cells([name], DTYPES, ops) for name in operations)
 
 
 @dataclasses.dataclass(frozen=True)
-class Reduction:
+class Case:
+    operations: tuple[str, ...]  # what one example exercises: its rows of the capability matrix
     dtype: torch.dtype
-    op: str
+    op: str  # a reduce op, or NO_OP for an operation that moves data
     size: int
-    strided: bool  # a non-contiguous view (every other element of a larger buffer)
+    layout: str  # contiguous, strided (every other element of a larger buffer) or offset (storage offset 1)
     members: frozenset[int] | None  # None: the whole world; else the ranks of a subgroup (folded mod n)
     root: int  # folded onto the group size
 
+    def cells(self) -> list[Cell]:
+        return [(name, dtype_name(self.dtype), self.op) for name in self.operations]
+
+
+@dataclasses.dataclass(frozen=True)
+class Calls:
+    """Operations that take no tensor (barrier, object collectives): their rows of the matrix."""
+
+    operations: tuple[str, ...]
+
+    def cells(self) -> list[Cell]:
+        return [(name, NO_OP, NO_OP) for name in self.operations]
+
+
+Reduction = Case  # the name the reduction suites read best with
+
 
 @st.composite
-def reductions(
-    draw: st.DrawFn, dtypes: list[torch.dtype] = DTYPES, sizes: st.SearchStrategy = SIZES
-) -> Reduction:
-    dtype = draw(st.sampled_from(dtypes))
-    return Reduction(
+def cases(
+    draw: st.DrawFn,
+    operations: Sequence[str],
+    together: bool = False,
+    dtypes: Sequence[torch.dtype] = tuple(DTYPES),
+    ops: Sequence[str] = tuple(REDUCE_OPS),
+    sizes: st.SearchStrategy[int] = SMALL_SIZES,
+    members: st.SearchStrategy[frozenset[int] | None] = MEMBERS,
+    layouts: Sequence[str] = LAYOUTS,
+) -> Case:
+    """One example of ``operations``: one of them drawn, or all of them at once with ``together`` (the
+    decompositions compared with each other), with a dtype and op every drawn operation supports here."""
+    if together:
+        chosen = tuple(operations)
+    else:
+        available = [name for name in operations if supported_cells([name], dtypes, ops)]
+        if not available:
+            st.reject()  # the conftest skips a test none of whose operations is supported
+        chosen = (draw(st.sampled_from(available)),)
+    cells = supported_cells(chosen, dtypes, ops)
+    if not cells:
+        st.reject()
+    dtype, op = draw(st.sampled_from(cells))
+    return Case(
+        operations=chosen,
         dtype=dtype,
-        op=draw(st.sampled_from(ops_for(dtype))),
+        op=op,
         size=draw(sizes),
-        strided=draw(st.booleans()),
-        members=draw(MEMBERS),
+        layout=draw(st.sampled_from(layouts)),
+        members=draw(members),
         root=draw(st.integers(0, MAX_RANKS - 1)),
     )
+
+
+def reductions(operations: Sequence[str] = ("all_reduce",), **kwargs: object) -> st.SearchStrategy[Case]:
+    return cases(operations, sizes=kwargs.pop("sizes", SIZES), **kwargs)  # type: ignore[arg-type]
+
+
+def movements(operations: Sequence[str], **kwargs: object) -> st.SearchStrategy[Case]:
+    return cases(operations, ops=(NO_OP,), layouts=kwargs.pop("layouts", DENSE), **kwargs)  # type: ignore[arg-type]
 
 
 def group_of(pg, members: frozenset[int] | None) -> tuple[object | None, list[int]]:
@@ -69,11 +154,55 @@ def group_of(pg, members: frozenset[int] | None) -> tuple[object | None, list[in
     return pg.new_group(ranks), ranks
 
 
-def laid_out(tensor: torch.Tensor, strided: bool, device: torch.device) -> torch.Tensor:
-    """The same values, contiguous or as every other element of a buffer twice the size."""
-    if not strided:
+def laid_out(tensor: torch.Tensor, layout: str | bool, device: torch.device) -> torch.Tensor:
+    """The same values in the drawn layout: contiguous, every other element of a buffer twice the size
+    (strided; ``True`` is accepted for it), or a contiguous view one element into its storage (offset)."""
+    layout = {True: "strided", False: "contiguous"}.get(layout, layout)  # type: ignore[call-overload]
+    if layout == "contiguous":
         return tensor.clone().to(device)
-    buffer = torch.empty(tensor.numel() * 2, dtype=tensor.dtype, device=device)
-    view = buffer[::2]
+    buffer = torch.empty(tensor.numel() * 2 + 1, dtype=tensor.dtype, device=device)
+    view = buffer[1 : 1 + tensor.numel()] if layout == "offset" else buffer[: tensor.numel() * 2 : 2]
     view.copy_(tensor)
-    return view
+    return view.view(tensor.shape) if layout == "offset" else view
+
+
+def sentinel_like(tensor: torch.Tensor) -> torch.Tensor:
+    """An output buffer filled with what no input holds: NaN for floating dtypes, 0 for integers
+    (rank_input never draws 0), so an element the backend never wrote cannot pass for a received one."""
+    return sentinel(tensor.shape, tensor.dtype, tensor.device)
+
+
+def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if dtype.is_floating_point or dtype.is_complex:
+        return out.fill_(float("nan"))
+    return out.fill_(0) if dtype != torch.bool else out.fill_(False)
+
+
+def assert_moved(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """``actual`` holds exactly ``expected``'s bits; the message counts elements never written (still the
+    sentinel) apart from wrong ones, and names the first bad element."""
+    actual = actual.detach().cpu()
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        raise AssertionError(
+            f"{what}: got {actual.dtype}{list(actual.shape)}, expected {expected.dtype}{list(expected.shape)}"
+        )
+    if not expected.numel():
+        return
+    got, want = _bits(actual), _bits(expected)
+    bad = (got != want).any(1)
+    if bad.any():
+        never = int(((got == _bits(sentinel_like(actual))).all(1) & bad).sum())
+        i = int(bad.nonzero()[0])
+        flat_a, flat_e = actual.reshape(-1), expected.reshape(-1)
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.numel()} elements wrong ({never} never written); first at "
+            f"{i}: got {flat_a[i].item()!r}, expected {flat_e[i].item()!r}"
+        )
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """One row of raw bytes per element: exact for every dtype, float8 and NaN included."""
+    # a copy, not contiguous(): a one-element view with stride 2 counts as contiguous and can't be viewed
+    flat = torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.reshape(-1))
+    return flat.view(torch.uint8).reshape(flat.numel(), -1)

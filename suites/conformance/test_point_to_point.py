@@ -4,9 +4,8 @@ bit for bit, by blocking send/recv, by isend/irecv after wait(), and by batch_is
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.distributed as dist
-from cases import DTYPES, SIZES
+from cases import SIZES, assert_moved, movements, sentinel
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,15 +14,14 @@ from pytest_collectives.algorithms.reference import rank_input
 MODES = ["send_recv", "isend_irecv", "batch_isend_irecv"]
 
 
+SENDS = movements(["send_recv"], sizes=SIZES, members=st.none())
+
+
 @pytest.mark.world_size()
-@given(
-    dtype=st.sampled_from(DTYPES),
-    size=SIZES,
-    mode=st.sampled_from(MODES),
-    pair=st.tuples(st.integers(0, 7), st.integers(1, 7)),
-)
-def test_receiver_sees_exactly_what_was_sent(pg, dtype, size, mode, pair):
-    n = pg.world_size
+@pytest.mark.needs("send_recv")
+@given(case=SENDS, mode=st.sampled_from(MODES), pair=st.tuples(st.integers(0, 7), st.integers(1, 7)))
+def test_receiver_sees_exactly_what_was_sent(pg, case, mode, pair):
+    n, dtype, size = pg.world_size, case.dtype, case.size
     src = pair[0] % n
     dst = (src + pair[1] % (n - 1) + 1) % n if n > 1 else src  # any rank but src
     sent = rank_input(pg.seed, src, size, dtype)
@@ -37,8 +35,7 @@ def test_receiver_sees_exactly_what_was_sent(pg, dtype, size, mode, pair):
             for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, payload, dst)]):
                 work.wait()
     elif pg.rank == dst:
-        # poisoned first: an element the transfer failed to write can't pass for a received one
-        inbox = (~sent if dtype == torch.bool else sent + 1).to(pg.device, copy=True)
+        inbox = sentinel(size, dtype, pg.device)
         if mode == "send_recv":
             dist.recv(inbox, src)
         elif mode == "isend_irecv":
@@ -46,18 +43,19 @@ def test_receiver_sees_exactly_what_was_sent(pg, dtype, size, mode, pair):
         else:
             for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, inbox, src)]):
                 work.wait()
-        assert torch.equal(inbox.cpu(), sent), f"rank {dst} received something else than rank {src} sent"
+        assert_moved(inbox, sent, f"rank {dst} receiving {mode} from rank {src}")
 
 
 @pytest.mark.world_size()
-@given(dtype=st.sampled_from(DTYPES), size=SIZES)
-def test_ring_exchange_both_directions_at_once(pg, dtype, size):
+@pytest.mark.needs("send_recv")
+@given(case=SENDS)
+def test_ring_exchange_both_directions_at_once(pg, case):
     """Every rank sends right and receives from the left in one batch: no ordering can deadlock it."""
-    n, me = pg.world_size, pg.rank
+    n, me, dtype, size = pg.world_size, pg.rank, case.dtype, case.size
     left, right = (me - 1) % n, (me + 1) % n
-    inbox = torch.empty(size, dtype=dtype, device=pg.device)
+    inbox = sentinel(size, dtype, pg.device)
     payload = rank_input(pg.seed, me, size, dtype).to(pg.device, copy=True)
     ops = [dist.P2POp(dist.isend, payload, right), dist.P2POp(dist.irecv, inbox, left)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    assert torch.equal(inbox.cpu(), rank_input(pg.seed, left, size, dtype))
+    assert_moved(inbox, rank_input(pg.seed, left, size, dtype), f"rank {me} receiving from rank {left}")

@@ -6,19 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from cases import DTYPES, EDGE_SIZES, FLOATS, group_of, reductions
+from cases import EDGE_SIZES, FLOATS, assert_moved, group_of, movements, reductions, sentinel
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms import collectives as alg
-from pytest_collectives.algorithms.reference import (
-    OPS,
-    assert_gemm_sum_close,
-    assert_reduced_close,
-    rank_input,
-)
+from pytest_collectives.algorithms.reference import assert_gemm_sum_close, assert_reduced_close, rank_input
+from pytest_collectives.conformance.capabilities import reduce_op
 
 CHUNKS = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 3000))
+# torch 2.13 renamed the single-tensor collectives and made the old names emit a FutureWarning.
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
 
 def blocks_of(inputs: list[torch.Tensor], n: int, me: int) -> list[torch.Tensor]:
@@ -27,45 +26,41 @@ def blocks_of(inputs: list[torch.Tensor], n: int, me: int) -> list[torch.Tensor]
 
 
 @pytest.mark.world_size()
-@given(case=reductions(), chunk=CHUNKS, in_place=st.booleans())
-def test_backend_reduce_scatter(pg, case, chunk, in_place):
+@pytest.mark.needs("reduce_scatter_single", reduces=True)
+@given(case=reductions(["reduce_scatter_single"], sizes=CHUNKS), in_place=st.booleans())
+def test_backend_reduce_scatter(pg, case, in_place):
     """In place: the output is this rank's own slice of the input, which NCCL and gloo both allow."""
     group, ranks = group_of(pg, case.members)
     if group is None:
         return
-    n, me = len(ranks), ranks.index(pg.rank)
+    n, me, chunk = len(ranks), ranks.index(pg.rank), case.size
     inputs = [rank_input(pg.seed, r, n * chunk, case.dtype) for r in ranks]
     source = inputs[me].to(pg.device, copy=True)
-    output = source.view(n, -1)[me] if in_place else torch.empty(chunk, dtype=case.dtype, device=pg.device)
-    if case.op == "avg":
-        case = case.__class__(**{**case.__dict__, "op": "sum"})  # AVG is covered by test_avg_support
-    dist.reduce_scatter_tensor(output, source, op=OPS[case.op], group=group)
+    output = source.view(n, -1)[me] if in_place else sentinel(chunk, case.dtype, pg.device)
+    _reduce_scatter_single(output, source, op=reduce_op(case.op), group=group)
     assert_reduced_close(output, blocks_of(inputs, n, me), case.op)
 
 
 @pytest.mark.world_size()
-@given(
-    dtype=st.sampled_from(DTYPES),
-    chunk=CHUNKS,
-    in_place=st.booleans(),
-    members=reductions().map(lambda c: c.members),
-)
-def test_backend_all_gather(pg, dtype, chunk, in_place, members):
-    group, ranks = group_of(pg, members)
+@pytest.mark.needs("all_gather_single")
+@given(case=movements(["all_gather_single"], sizes=CHUNKS), in_place=st.booleans())
+def test_backend_all_gather(pg, case, in_place):
+    group, ranks = group_of(pg, case.members)
     if group is None:
         return
-    n, me = len(ranks), ranks.index(pg.rank)
-    inputs = [rank_input(pg.seed, r, chunk, dtype) for r in ranks]
-    output = torch.empty(n * chunk, dtype=dtype, device=pg.device)
-    mine = output.view(n, -1)[me] if in_place else torch.empty(chunk, dtype=dtype, device=pg.device)
+    n, me, chunk = len(ranks), ranks.index(pg.rank), case.size
+    inputs = [rank_input(pg.seed, r, chunk, case.dtype) for r in ranks]
+    output = sentinel(n * chunk, case.dtype, pg.device)
+    mine = output.view(n, -1)[me] if in_place else torch.empty(chunk, dtype=case.dtype, device=pg.device)
     mine.copy_(inputs[me])
-    dist.all_gather_into_tensor(output, mine, group=group)
-    assert torch.equal(output.cpu(), torch.cat(inputs))
+    _all_gather_single(output, mine, group=group)
+    assert_moved(output, torch.cat(inputs), f"all_gather_single of {n} x {chunk} {case.dtype}")
 
 
 @pytest.mark.world_size()
+@pytest.mark.needs("ring_reduce_scatter", reduces=True)
 @given(
-    case=reductions(dtypes=FLOATS + [torch.int32, torch.int64]),
+    case=reductions(["ring_reduce_scatter"], dtypes=FLOATS + [torch.int32, torch.int64], ops=["sum"]),
     chunk=CHUNKS,
     steps_per_rank=st.integers(1, 5),
 )

@@ -25,6 +25,7 @@ __all__ = [
     "OPS",
     "assert_gemm_sum_close",
     "assert_reduced_close",
+    "defined",
     "error_bound",
     "rank_input",
     "reduce_reference",
@@ -36,12 +37,15 @@ OPS: dict[str, ReduceOp] = {
     "min": ReduceOp.MIN,
     "max": ReduceOp.MAX,
     "avg": ReduceOp.AVG,
+    "premul_sum": ReduceOp.PREMUL_SUM,  # a backend takes dist._make_nccl_premul_sum(PREMUL_FACTOR)
     "band": ReduceOp.BAND,
     "bor": ReduceOp.BOR,
     "bxor": ReduceOp.BXOR,
 }
 
 _BITWISE = ("band", "bor", "bxor")
+_SCALED = ("avg", "premul_sum")
+PREMUL_FACTOR = 2.0  # a power of two: scaling by it is exact, so PREMUL_SUM's bound is SUM's
 
 # Each reduces a stack of per-rank inputs along dim 0.
 _REDUCE = {
@@ -50,6 +54,7 @@ _REDUCE = {
     "min": lambda wide: wide.amin(0),
     "max": lambda wide: wide.amax(0),
     "avg": lambda wide: wide.mean(0),
+    "premul_sum": lambda wide: (wide * PREMUL_FACTOR).sum(0),
     "band": lambda wide: functools.reduce(torch.bitwise_and, wide.unbind()),
     "bor": lambda wide: functools.reduce(torch.bitwise_or, wide.unbind()),
     "bxor": lambda wide: functools.reduce(torch.bitwise_xor, wide.unbind()),
@@ -73,6 +78,9 @@ def rank_input(
     gen = torch.Generator().manual_seed(seed * _RANK_STRIDE + rank)
     if dtype == torch.bool:
         values = torch.randint(0, 2, size, generator=gen).bool()
+    elif dtype.is_complex:
+        parts = [rank_input(seed, rank, size, torch.float64) for rank in (rank, rank + _RANK_STRIDE // 2)]
+        values = torch.complex(*parts).to(dtype)
     elif dtype.is_floating_point:
         magnitude = 2.0 ** (torch.rand(size, generator=gen, dtype=torch.float64) * 2 - 1)
         values = (magnitude * _random_sign(size, gen)).to(dtype)
@@ -101,19 +109,28 @@ def reduce_reference(inputs: Sequence[Tensor], op: str) -> Tensor:
     dtype = inputs[0].dtype
     if any(x.dtype != dtype or x.shape != inputs[0].shape for x in inputs):
         raise ValueError("inputs must share one dtype and shape")
-    if dtype.is_complex:
-        raise TypeError(f"complex dtypes are not supported: {dtype}")
-    floating = dtype.is_floating_point
-    if floating and op in _BITWISE:
-        raise ValueError(f"{op} is not defined for {dtype}")
-    if not floating and op == "avg":
-        raise ValueError(f"avg is defined for floating dtypes only, not {dtype}")
+    if not defined(dtype, op):
+        raise ValueError(f"{op} has no exact reference for {dtype}")
+    floating = dtype.is_floating_point or dtype.is_complex
     result = _REDUCE[op](torch.stack([x.detach().cpu().to(_wide(dtype)) for x in inputs]))
     if floating:
         return result
     if dtype == torch.bool:
         return result.bool()
     return result.to(dtype).to(torch.int64)
+
+
+def defined(dtype: torch.dtype, op: str) -> bool:
+    """Whether ``reduce_reference`` defines ``op`` over ``dtype``: bitwise ops for integers and bool, AVG
+    and PREMUL_SUM for floating and complex dtypes, MIN and MAX for all but complex. float8 and the wide
+    unsigned dtypes (uint16/32/64) are only moved, never reduced, here: torch's CPU kernels lack them."""
+    if dtype in _MOVED_ONLY or str(dtype).startswith("torch.float8"):
+        return False
+    if op in _BITWISE:
+        return not (dtype.is_floating_point or dtype.is_complex)
+    if op in _SCALED:
+        return dtype.is_floating_point or dtype.is_complex
+    return not (dtype.is_complex and op in ("min", "max"))
 
 
 def error_bound(inputs: Sequence[Tensor], op: str) -> Tensor:
@@ -134,11 +151,15 @@ def error_bound(inputs: Sequence[Tensor], op: str) -> Tensor:
     dtype, n = inputs[0].dtype, len(inputs)
     if _is_exact(dtype, op):
         return torch.zeros(expected.shape, dtype=torch.float64)
-    eps, eps64 = torch.finfo(dtype).eps, torch.finfo(torch.float64).eps
+    eps, eps64 = torch.finfo(dtype.to_real()).eps, torch.finfo(torch.float64).eps
     exact = expected.abs()
     if op == "product":
-        return ((n - 1) * (eps + eps64) + eps / 2) * exact
-    spread = torch.stack([x.detach().cpu().double().abs() for x in inputs]).sum(0)
+        # a complex multiplication rounds up to sqrt(5) u (Higham 3.6): 2 eps covers it with a margin
+        per_step = 2 * (eps + eps64) if dtype.is_complex else eps + eps64
+        return ((n - 1) * per_step + eps / 2) * exact
+    spread = torch.stack([x.detach().cpu().to(_wide(dtype)).abs() for x in inputs]).sum(0)
+    if op == "premul_sum":
+        spread = spread * PREMUL_FACTOR
     if op == "avg":
         return (eps + (n - 1) * eps64 / n) * spread + eps / 2 * exact
     return (n - 1) * (eps + eps64) * spread + eps / 2 * exact
@@ -197,7 +218,7 @@ def _assert_within(
                 f"{i}: got {actual[i].item()}, expected {expected.to(dtype)[i].item()}"
             )
         return
-    error = (actual.double() - expected).abs()
+    error = (actual.to(expected.dtype) - expected).abs()
     bad = ~(error <= bound)  # NaN errors fail too
     if bad.any():
         excess = torch.where(bad, (error - bound).nan_to_num(float("inf")), -1.0)
@@ -210,11 +231,16 @@ def _assert_within(
 
 
 def _is_exact(dtype: torch.dtype, op: str) -> bool:
-    return not dtype.is_floating_point or op in ("min", "max")
+    return not (dtype.is_floating_point or dtype.is_complex) or op in ("min", "max")
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
+    if dtype.is_complex:
+        return torch.complex128
     return torch.float64 if dtype.is_floating_point else torch.int64
+
+
+_MOVED_ONLY = {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
 
 
 def _first(mask: Tensor) -> tuple[int, ...]:

@@ -54,3 +54,4 @@ class RankResult:
     dirty: list[str] = dataclasses.field(default_factory=list)  # why this rank's group can't be reused
     rss_bytes: int = 0
     benchmark: dict[str, Any] | None = None  # per-round maxima across ranks, when the test benchmarked
+    returned: Any = None  # what the function returned: tests return None, a probe (session.run_on_ranks) data

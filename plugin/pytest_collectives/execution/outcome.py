@@ -20,6 +20,7 @@ class RankReport:
     stdout: str = ""
     stderr: str = ""
     benchmark: dict | None = None
+    returned: object = None  # what a probe returned on this rank (session.run_on_ranks)
     dirty: list[str] = dataclasses.field(default_factory=list)  # what the test left unfit on this rank
 
 

@@ -192,7 +192,8 @@ class WorkerGroup:
                 if kind == "ready":
                     return RankReport(rank, "passed")
                 results.append(payload)  # type: ignore[union-attr]
-                return RankReport(rank, payload.outcome, payload.longrepr, benchmark=payload.benchmark)
+                bench, returned = payload.benchmark, payload.returned
+                return RankReport(rank, payload.outcome, payload.longrepr, benchmark=bench, returned=returned)
         except (EOFError, OSError):
             pass
         # The pipe is at EOF or the process is gone: a crash, whether or not the forkserver has

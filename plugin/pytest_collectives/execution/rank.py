@@ -320,8 +320,9 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         kwargs["pg"] = ctx
     if isinstance(kwargs.get("benchmark"), BenchSpec):
         bench = kwargs["benchmark"] = RankBenchmark(kwargs["benchmark"], ctx.device)
+    returned = None
     try:
-        test()(**kwargs)
+        returned = test()(**kwargs)
         outcome, longrepr = PASSED, ""
     except KeyboardInterrupt:
         raise
@@ -331,7 +332,8 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     dirty = health(ctx.world_size, ctx.device)
-    return RankResult(ctx.rank, outcome, longrepr, duration, dirty, benchmark=bench and bench.result())
+    benchmark = bench and bench.result()
+    return RankResult(ctx.rank, outcome, longrepr, duration, dirty, benchmark=benchmark, returned=returned)
 
 
 def run_task(task: Task, ctx: RankContext, capture: _Capture) -> RankResult:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
 import pickle
 import sys
 import warnings
@@ -59,6 +60,13 @@ def settings_of(config: pytest.Config) -> options.Settings:
     return config.pluginmanager.get_plugin("collectives-session").settings
 
 
+def run_on_ranks(config: pytest.Config, world_size: int, fn: Callable[..., Any], **kwargs: Any) -> list[Any]:
+    """Call ``fn(pg=..., **kwargs)`` on every rank of a ``world_size`` group and return what each rank
+    returned, in rank order: how a suite asks the live group a question (what its backend supports)
+    before it draws examples. ``fn`` must be a module-level function; a failure on any rank raises."""
+    return config.pluginmanager.get_plugin("collectives-session").run_on_ranks(world_size, fn, kwargs)
+
+
 def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[Any, ...]:
     """A world_size marker's sizes: its own, the configured ones, or for 'max' the largest group the
     session can make (Settings.largest: the SPMD world, every GPU with --gpus, else the largest size)."""
@@ -106,7 +114,10 @@ def stable_seed(item: pytest.Function, kwargs: dict[str, Any]) -> int:
     Only the test id and the values hypothesis drew count: fixture values (tmp_path, benchmark, ...) have
     reprs with addresses and per-run paths, so hashing them would give a new seed every run."""
     drawn = {k: v for k, v in kwargs.items() if k not in item.funcargs}
-    text = item.nodeid + repr(sorted((k, repr(v)) for k, v in drawn.items()))
+    return stable_seed_of(item.nodeid + repr(sorted((k, repr(v)) for k, v in drawn.items())))
+
+
+def stable_seed_of(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
 
 
@@ -244,6 +255,7 @@ class DistributedSession:
             for title, text in outcome.sections():
                 sys.stdout.write("".join(f"[{title}] {line}\n" for line in text.splitlines()))
         verdict = outcome.verdict()
+        self.config.hook.pytest_collectives_call_done(item=item, world_size=n, kwargs=kwargs, verdict=verdict)
         unfit = [f"worker group replaced: {'; '.join(outcome.replaced)}"] * bool(outcome.replaced)
         unfit += [f"rank state restored: {'; '.join(outcome.restored)}"] * bool(outcome.restored)
         if unfit and verdict != "failed":
@@ -261,6 +273,23 @@ class DistributedSession:
             s = self.settings
             context = {"world_size": n, "backend": s.backend, "devices": list(range(n)) if s.gpus else "cpu"}
             record(bench, outcome.benchmark(), context)
+
+    def run_on_ranks(self, n: int, fn: Callable[..., Any], kwargs: dict[str, Any]) -> list[Any]:
+        name = f"{fn.__module__}.{fn.__qualname__}"
+        task = Task(
+            nodeid=f"{name} ({n} ranks)",
+            module=fn.__module__,
+            path=inspect.getfile(fn),
+            qualname=fn.__qualname__,
+            kwargs={"pg": None, **kwargs},
+            seed=stable_seed_of(name),
+            sys_path=list(sys.path),
+            world_size=n,
+        )
+        outcome = self.launcher.run(task, fn)
+        if outcome.verdict() != "passed":
+            raise DistributedTestFailure.of(outcome)
+        return [report.returned for report in outcome.ranks]
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201

@@ -445,6 +445,7 @@ class SpmdLauncher:
             stdout=stdout,
             stderr=stderr,
             benchmark=result.benchmark,
+            returned=result.returned,
             dirty=result.dirty,
         )
         return report, time.time()

@@ -1,0 +1,232 @@
+"""What the backend under test supports, asked of the live group: operation x dtype x reduce op.
+
+``probe`` runs on every rank of a group (through ``session.run_on_ranks``) and makes one tiny call of each
+operation with each dtype and reduce op. A call the backend refuses with a recognised "not supported"
+error (``refusal``) is N/A: the suites never draw it. Anything else it raises is not a refusal: the cell
+stays supported, so the suites draw it and the error fails them. Nothing is assumed from the backend's
+name: a check that passes on gloo says nothing about NCCL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pytest_collectives.algorithms.reference import PREMUL_FACTOR
+
+__all__ = [
+    "DATA_OPERATIONS",
+    "DTYPES",
+    "NO_OP",
+    "REDUCE_OPS",
+    "REDUCTIONS",
+    "Capabilities",
+    "Cell",
+    "active",
+    "dtype_name",
+    "probe",
+    "refusal",
+    "reduce_op",
+    "use",
+]
+
+# Every dtype a collective moves; some only where torch has them (uint16/32/64 from 2.3).
+_DTYPE_NAMES = [
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "bool", "float8_e4m3fn", "float8_e5m2",
+]  # fmt: skip
+DTYPES: list[torch.dtype] = [getattr(torch, name) for name in _DTYPE_NAMES if hasattr(torch, name)]
+REDUCE_OPS = ["sum", "product", "min", "max", "avg", "premul_sum", "band", "bor", "bxor"]
+NO_OP = "-"  # the reduce op of an operation that reduces nothing
+
+Cell = tuple[str, str, str]  # (operation, dtype name, reduce op or NO_OP)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def reduce_op(name: str) -> dist.ReduceOp:
+    if name == "premul_sum":
+        return dist._make_nccl_premul_sum(PREMUL_FACTOR)
+    return getattr(dist.ReduceOp, name.upper())
+
+
+# How one tiny call of each operation is made on a probe: (this rank's n elements, n, op) -> None.
+def _all_reduce(t: torch.Tensor, n: int, op: Any) -> None:
+    dist.all_reduce(t, op=op)
+
+
+def _reduce(t: torch.Tensor, n: int, op: Any) -> None:
+    dist.reduce(t, dst=0, op=op)
+
+
+def _reduce_scatter_single(t: torch.Tensor, n: int, op: Any) -> None:
+    _single("reduce_scatter_single", "reduce_scatter_tensor")(t[:1].clone(), t, op=op)
+
+
+def _reduce_scatter(t: torch.Tensor, n: int, op: Any) -> None:
+    dist.reduce_scatter(t[:1].clone(), list(t.chunk(n)), op=op)
+
+
+def _broadcast(t: torch.Tensor, n: int, op: Any) -> None:
+    dist.broadcast(t, src=0)
+
+
+def _all_gather(t: torch.Tensor, n: int, op: Any) -> None:
+    dist.all_gather([torch.empty_like(t) for _ in range(n)], t)
+
+
+def _all_gather_single(t: torch.Tensor, n: int, op: Any) -> None:
+    _single("all_gather_single", "all_gather_into_tensor")(t.new_empty(n * t.numel()), t)
+
+
+def _all_to_all_single(t: torch.Tensor, n: int, op: Any) -> None:
+    dist.all_to_all_single(torch.empty_like(t), t)
+
+
+def _all_to_all(t: torch.Tensor, n: int, op: Any) -> None:
+    dist.all_to_all([torch.empty_like(c) for c in t.chunk(n)], list(t.chunk(n)))
+
+
+def _gather(t: torch.Tensor, n: int, op: Any) -> None:
+    dist.gather(t, [torch.empty_like(t) for _ in range(n)] if dist.get_rank() == 0 else None, dst=0)
+
+
+def _scatter(t: torch.Tensor, n: int, op: Any) -> None:
+    dist.scatter(t[:1].clone(), list(t.chunk(n)) if dist.get_rank() == 0 else None, src=0)
+
+
+def _send_recv(t: torch.Tensor, n: int, op: Any) -> None:
+    if n == 1:
+        raise _NeedsPeers("send/recv needs two ranks or more")
+    me = dist.get_rank()
+    ops = [dist.P2POp(dist.isend, t, (me + 1) % n), dist.P2POp(dist.irecv, torch.empty_like(t), (me - 1) % n)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+REDUCTIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
+    "all_reduce": _all_reduce,
+    "reduce": _reduce,
+    "reduce_scatter_single": _reduce_scatter_single,
+    "reduce_scatter": _reduce_scatter,
+}
+DATA_OPERATIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
+    "broadcast": _broadcast,
+    "all_gather": _all_gather,
+    "all_gather_single": _all_gather_single,
+    "all_to_all_single": _all_to_all_single,
+    "all_to_all": _all_to_all,
+    "gather": _gather,
+    "scatter": _scatter,
+    "send_recv": _send_recv,
+}
+
+
+class _NeedsPeers(Exception):
+    """An operation that can't be called at this world size at all (a world of one has no peer)."""
+
+
+# What backends raise for a call they do not implement; anything else is not a refusal.
+_REFUSALS = re.compile(
+    r"does not support|not supported|unsupported|cannot use reduceop|invalid (scalar )?type|"
+    r"not implemented|no support|is only supported",
+    re.IGNORECASE,
+)
+
+
+def refusal(exc: BaseException) -> str | None:
+    """The one-line reason when ``exc`` is a backend saying it does not implement a call, else None."""
+    # Some messages carry a raw enum byte where the op's name should be.
+    text = re.sub(r"[\x00-\x1f]", " ", str(exc).strip().split("\n")[0]) or type(exc).__name__
+    if isinstance(exc, (NotImplementedError, _NeedsPeers)) or _REFUSALS.search(text):
+        return text[:200]
+    return None
+
+
+def probe(pg: Any) -> dict[str, str]:
+    """On every rank: ``{key: ""}`` for each supported cell and ``{key: reason}`` for each refused one
+    (keys from ``Capabilities.key``). Every rank makes the same calls in the same order, so a refusal
+    raised before any data moves leaves the group in step."""
+    n, found = pg.world_size, {}
+    for operation, call in {**REDUCTIONS, **DATA_OPERATIONS}.items():
+        ops = REDUCE_OPS if operation in REDUCTIONS else [NO_OP]
+        for dtype in DTYPES:
+            tensor = torch.zeros(n, dtype=dtype, device=pg.device)  # one element per rank
+            for op in ops:
+                try:
+                    call(tensor, n, reduce_op(op) if op != NO_OP else None)
+                    reason = ""
+                except Exception as exc:  # noqa: BLE001 - classified: refusal or not
+                    reason = refusal(exc)
+                    if reason is None:
+                        reason = ""  # supported, and wrong: the suites draw it and fail on it
+                found[Capabilities.key((operation, dtype_name(dtype), op))] = reason
+    for name, call in _WHOLE_GROUP.items():
+        try:
+            call(pg)
+            found[Capabilities.key((name, NO_OP, NO_OP))] = ""
+        except Exception as exc:  # noqa: BLE001
+            found[Capabilities.key((name, NO_OP, NO_OP))] = refusal(exc) or ""
+    if pg.device.type == "cuda":
+        torch.cuda.synchronize(pg.device)
+    return found
+
+
+_WHOLE_GROUP: dict[str, Callable[[Any], object]] = {
+    "barrier": lambda pg: dist.barrier(),
+    "monitored_barrier": lambda pg: dist.monitored_barrier(),
+    "all_gather_object": lambda pg: dist.all_gather_object([None] * pg.world_size, pg.rank),
+    "broadcast_object_list": lambda pg: dist.broadcast_object_list([pg.rank], src=0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What one backend supports on one device type at one world size: cell key -> "" or the refusal."""
+
+    backend: str
+    device_type: str
+    world_size: int
+    cells: dict[str, str]
+
+    @staticmethod
+    def key(cell: Cell) -> str:
+        return "/".join(cell)
+
+    def supports(self, operation: str, dtype: torch.dtype | str = NO_OP, op: str = NO_OP) -> bool:
+        name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+        return self.cells.get(self.key((operation, name, op))) == ""
+
+    def supports_all(self, cells: Iterable[Cell]) -> bool:
+        return all(self.supports(*cell) for cell in cells)
+
+    def refused(self) -> dict[str, str]:
+        return {k: v for k, v in self.cells.items() if v}
+
+
+_active: Capabilities | None = None
+
+
+def use(capabilities: Capabilities | None) -> None:
+    """Make ``capabilities`` what the suites' strategies draw from (set before each test: per world size)."""
+    global _active
+    _active = capabilities
+
+
+def active() -> Capabilities:
+    if _active is None:
+        raise RuntimeError("nothing probed: suites/conformance/conftest.py probes the group per world size")
+    return _active
+
+
+def _single(name: str, old: str) -> Callable[..., Any]:
+    # torch 2.13 renamed the single-tensor collectives and made the old names emit a FutureWarning.
+    return getattr(dist, name, None) or getattr(dist, old)

@@ -1,0 +1,153 @@
+"""The capability matrix a conformance run produces: operation x dtype x reduce op -> PASS, FAIL, N/A.
+
+N/A comes from the probe alone (the backend refused the call at every world size probed). PASS and FAIL
+come from the examples that ran: an example whose drawn case names cells (its ``cells()``) counts for each
+of them. A cell the backend supports that no example drew is ``untested``, never PASS: a vendor reads a
+PASS as "this ran and was right". Written to the terminal, as JSON (``--capability-json``) and as Markdown
+appended to ``$GITHUB_STEP_SUMMARY`` when that is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_collectives.atomic import write_atomic
+from pytest_collectives.conformance.capabilities import DTYPES, Capabilities, Cell, dtype_name
+
+PASS, FAIL, NA, UNTESTED = "PASS", "FAIL", "N/A", "untested"
+_MARK = {PASS: "P", FAIL: "F", NA: ".", UNTESTED: "-"}
+_SHORT = {
+    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "complex64": "c64",
+    "complex128": "c128", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
+    "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "bool", "float8_e4m3fn": "f8e4",
+    "float8_e5m2": "f8e5", "-": "-",
+}  # fmt: skip
+
+
+@dataclasses.dataclass
+class _Tally:
+    passed: int = 0
+    failed: int = 0
+    first_failure: str = ""  # the test (and world size) of the first failing example
+
+
+class CapabilityMatrix:
+    """Collects probes and example verdicts over a session; a pytest plugin for its outputs."""
+
+    def __init__(self, config: pytest.Config, backend: str) -> None:
+        self.config = config
+        self.backend = backend
+        self.probes: dict[int, Capabilities] = {}
+        self.tallies: dict[Cell, _Tally] = {}
+
+    def add_probe(self, capabilities: Capabilities) -> None:
+        self.probes[capabilities.world_size] = capabilities
+
+    def pytest_collectives_call_done(
+        self, item: pytest.Item, world_size: int, kwargs: dict[str, Any], verdict: str
+    ) -> None:
+        if verdict not in ("passed", "failed"):
+            return
+        for value in kwargs.values():
+            for cell in getattr(value, "cells", lambda: ())():
+                tally = self.tallies.setdefault(cell, _Tally())
+                if verdict == "passed":
+                    tally.passed += 1
+                else:
+                    tally.failed += 1
+                    tally.first_failure = tally.first_failure or f"{item.nodeid} ({world_size} ranks)"
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per cell, probed or exercised, sorted: operation, dtype, reduce op, status, counts."""
+        cells = set(self.tallies)
+        for caps in self.probes.values():
+            cells.update(tuple(key.split("/")) for key in caps.cells)  # type: ignore[misc]
+        order = {name: i for i, name in enumerate([*map(dtype_name, DTYPES), "-"])}
+        rows = []
+        for cell in sorted(cells, key=lambda c: (c[0], c[2], order.get(c[1], 99), c[1])):
+            tally = self.tallies.get(cell, _Tally())
+            reasons = [caps.cells.get(Capabilities.key(cell)) for caps in self.probes.values()]
+            refused = [r for r in reasons if r]
+            if tally.failed:
+                status = FAIL
+            elif tally.passed:
+                status = PASS
+            elif refused and len(refused) == len(reasons):
+                status = NA
+            else:
+                status = UNTESTED
+            row = {"operation": cell[0], "dtype": cell[1], "reduce_op": cell[2], "status": status}
+            row.update(passed=tally.passed, failed=tally.failed)
+            if status == NA:
+                row["reason"] = refused[0]
+            if tally.first_failure:
+                row["first_failure"] = tally.first_failure
+            rows.append(row)
+        return rows
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "backend_version": backend_version(self.backend),
+            "torch": torch.__version__,
+            "world_sizes": sorted(self.probes),
+            "cells": self.rows(),
+        }
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.probes:
+            return
+        doc = self.document()
+        terminalreporter.section("capability matrix")
+        for line in grid(doc, _MARK, sep=" "):
+            terminalreporter.write_line(line)
+        path = self.config.getoption("capability_json")
+        if path:
+            write_atomic(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            terminalreporter.write_line(f"capability matrix written to {path}")
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            with open(summary, "a", encoding="utf-8") as out:
+                out.write(markdown(doc))
+
+
+def grid(doc: dict[str, Any], marks: dict[str, str], sep: str) -> list[str]:
+    """The matrix as rows of (operation, reduce op) and a column per dtype, in ``marks``' symbols."""
+    dtypes = [d for d in [*map(dtype_name, DTYPES), "-"] if any(r["dtype"] == d for r in doc["cells"])]
+    by_row: dict[tuple[str, str], dict[str, str]] = {}
+    for row in doc["cells"]:
+        by_row.setdefault((row["operation"], row["reduce_op"]), {})[row["dtype"]] = marks[row["status"]]
+    width = max([len(f"{o} {r}") for o, r in by_row] + [10])
+    head = f"{doc['backend']} ({doc['backend_version']}), torch {doc['torch']}, world sizes "
+    legend = ", ".join(f"{mark} {status}" for status, mark in marks.items())
+    lines = [head + ",".join(map(str, doc["world_sizes"])) + f"; {legend}"]
+    lines.append(sep.join([f"{'operation op':<{width}}", *(f"{_SHORT.get(d, d):>4}" for d in dtypes)]))
+    for (operation, op), cells in sorted(by_row.items()):
+        name = operation if op == "-" else f"{operation} {op}"
+        lines.append(sep.join([f"{name:<{width}}", *(f"{cells.get(d, ''):>4}" for d in dtypes)]))
+    return lines
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = grid(doc, {PASS: "PASS", FAIL: "**FAIL**", NA: "N/A", UNTESTED: "-"}, sep=" | ")
+    title, head, rows = lines[0], lines[1], lines[2:]
+    rule = " | ".join("---" for _ in head.split(" | "))
+    failures = [r for r in doc["cells"] if r["status"] == FAIL]
+    text = [f"### Capability matrix: {title}", "", f"| {head} |", f"| {rule} |"]
+    text += [*(f"| {r} |" for r in rows), ""]
+    for r in failures:
+        text.append(f"- FAIL {r['operation']} {r['dtype']} {r['reduce_op']}: {r['first_failure']}")
+    return "\n".join(text) + "\n"
+
+
+def backend_version(backend: str) -> str:
+    if "nccl" in backend and torch.cuda.is_available():
+        return "NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
+    return f"bundled with torch {torch.__version__}"
