@@ -56,8 +56,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "backend_bug(backend, reason): a known defect of that backend; the test is a strict xfail there, so "
-        "a fix shows up as XPASS",
+        "backend_bug(*backends, reason): a known defect of those backends; the test is a strict xfail there, "
+        "so a fix shows up as XPASS",
     )
 
 
@@ -65,6 +65,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     backend = settings_of(config).backend
     for item in items:
         for marker in item.iter_markers("backend_bug"):
-            if marker.args[0] == backend:
+            if backend in marker.args:
                 reason = f"{backend}: {marker.kwargs['reason']}"
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))

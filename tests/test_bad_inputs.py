@@ -87,7 +87,7 @@ CASES = [
     usage("world-sizes-gap", "--world-sizes", "2,,3", message="--world-sizes 2,,3: expected comma-sep*"),
     usage("world-sizes-ini", message="--world-sizes 2;3: expected comma-separated*", ini="world_sizes = 2;3"),
     usage("backend-nccl-on-cpu", "--backend", "nccl", message="--backend nccl needs GPUs: add --gpus N*"),
-    usage("backend-unknown", "--backend", "mpi", message="--backend mpi: unknown backend; choose one of*"),
+    usage("backend-unknown", "--backend", "mpi", message="--backend mpi: this torch has no 'mpi' backend*"),
     usage("timeout-0", "--dist-timeout", "0", message="--dist-timeout 0: * positive number of seconds"),
     usage("timeout-negative", "--dist-timeout", "-1", message="--dist-timeout -1: * positive number*"),
     usage("timeout-nan", "--dist-timeout", "nan", message="--dist-timeout nan: * positive number*"),

@@ -152,5 +152,6 @@ def test_the_unmutated_copy_passes(pytester: pytest.Pytester, tmp_path: Path) ->
     else:
         result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines(
-            ["*operations=('reduce_scatter_all_gather',)*", "*differ from the exact result*"]
+            # summing under MAX, or under PREMUL_SUM, which the floor's gloo also accepts there
+            ["*operations=('reduce_scatter_all_gather',)*", "AssertionError: * over * ranks of *"]
         )

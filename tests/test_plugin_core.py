@@ -349,6 +349,55 @@ def test_hypothesis_tells_two_bugs_on_the_ranks_apart(pytester: pytest.Pytester)
     assert "DistributedTestFailure[KeyError at test_it.py:" in text, text
 
 
+def test_a_failure_replays_first_at_the_world_size_it_was_found(pytester: pytest.Pytester) -> None:
+    """Each world size has its own example-database key: a failure found at 3 ranks is replayed at 3 by the
+    next run, not at 2 first (where it passes and hypothesis would delete it)."""
+    make(
+        pytester,
+        """
+        from hypothesis import Phase, given, settings, strategies as st
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        PHASES = [Phase.reuse] if os.environ.get("REUSE_ONLY") else list(Phase)
+
+        @pytest.mark.world_size(2, 3)
+        @settings(max_examples=30, deadline=None, phases=PHASES,
+                  database=DirectoryBasedExampleDatabase(os.environ["EXAMPLES_DB"]))
+        @given(n=st.integers(0, 100))
+        def test_fails_at_three(pg, n):
+            assert not (pg.world_size == 3 and n >= 10)
+        """,
+    )
+    pytester.makepyfile(conftest="")
+    test = (pytester.path / "test_it.py").read_text()
+    (pytester.path / "test_it.py").write_text("import os\n" + test)
+    db = str(pytester.path / "examples")
+    pytester._monkeypatch.setenv("EXAMPLES_DB", db)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1, failed=1)
+    pytester._monkeypatch.setenv("REUSE_ONLY", "1")  # nothing new is drawn: only the database replays
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.parseoutcomes().get("failed") == 1, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["FAILED test_it.py::test_fails_at_three[[]ws3[]]*"])
+
+
+def test_assume_on_the_ranks_rejects_the_example(pytester: pytest.Pytester) -> None:
+    """assume() inside a distributed body turns the example down, as in any hypothesis test: not a failure."""
+    make(
+        pytester,
+        """
+        from hypothesis import assume, given, settings, strategies as st
+
+        @pytest.mark.world_size(2)
+        @settings(max_examples=20, deadline=None, database=None)
+        @given(n=st.integers(0, 100))
+        def test_odd_only(pg, n):
+            assume(n % 2 == 1)
+            assert n % 2 == 1
+        """,
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
 def test_subgroups_from_the_pg_fixture(pytester: pytest.Pytester) -> None:
     make(
         pytester,
@@ -422,7 +471,7 @@ def test_unpicklable_argument_is_a_clear_failure(pytester: pytest.Pytester) -> N
         (["--gpus", "two"], "--gpus two: expected a whole number of GPUs*"),
         (["--gpus", "2"], "--gpus 2: no CUDA GPU found on this machine*"),
         (["--backend", "nccl"], "--backend nccl needs GPUs*"),
-        (["--backend", "mpi"], "--backend mpi: unknown backend*"),
+        (["--backend", "mpi"], "--backend mpi: this torch has no 'mpi' backend*"),
         (["--world-sizes", "0,2"], "--world-sizes 0,2: every world size must be at least 2 ranks"),
         (["--world-sizes", "2,2"], "--world-sizes 2,2: a world size is listed twice*"),
         (["--world-sizes", "2,x"], "--world-sizes 2,x: expected comma-separated whole numbers*"),

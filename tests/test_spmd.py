@@ -109,7 +109,7 @@ def test_node_of_places_ranks_in_per_node_blocks() -> None:
 
 def test_world_sizes_reach_the_whole_world() -> None:
     env = SpmdEnv("slurm", 0, 16, 0, 8, "h", 1)
-    values = {"gpus": "0", "backend": "", "world_sizes": "", "dist_timeout": "120"}
+    values = {"gpus": "0", "backend": "", "backend_module": "", "world_sizes": "", "dist_timeout": "120"}
     assert settings_for(values, env, lambda: 0).world_sizes == (2, 3, 4, 8, 16)
     assert settings_for({**values, "world_sizes": "2,16"}, env, lambda: 0).world_sizes == (2, 16)
     with pytest.raises(options.OptionError, match="8 ranks per node need a GPU each"):
@@ -120,7 +120,7 @@ def test_max_is_the_whole_spmd_world_whatever_the_world_sizes() -> None:
     # The all-pairs matrix sizes itself with world_sizes_of: on 2 nodes of 2 ranks with --world-sizes 2 it
     # must still span all 4 ranks, across the nodes, as the session's own parametrization does.
     env = SpmdEnv("torchrun", 0, 4, 0, 2, "h", 1)
-    values = {"gpus": "0", "backend": "", "world_sizes": "2", "dist_timeout": "120"}
+    values = {"gpus": "0", "backend": "", "backend_module": "", "world_sizes": "2", "dist_timeout": "120"}
     assert world_sizes_of(("max",), settings_for(values, env, lambda: 0)) == (4,)
     assert world_sizes_of(("max",), options.Settings(world_sizes=(2, 3))) == (3,)
     assert world_sizes_of(("max",), options.Settings(gpus=8, world_sizes=(2,))) == (8,)

@@ -12,6 +12,10 @@ import torch.distributed as dist
 
 from pytest_collectives.algorithms import collectives as alg
 
+# torch 2.13 renamed the single-tensor collectives; the old names warn on every call of a timed loop.
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
 ALL_REDUCES = {
     "all_reduce": alg.all_reduce_direct,
     "reduce_broadcast": alg.all_reduce_reduce_broadcast,
@@ -51,11 +55,11 @@ def test_backend_reduce_scatter(pg, benchmark, nbytes):
     source = torch.ones(chunk * n, device=pg.device)
     output = torch.empty(chunk, device=pg.device)
     try:
-        dist.reduce_scatter_tensor(output, source)
+        _reduce_scatter_single(output, source)
     except (RuntimeError, NotImplementedError) as exc:
-        pytest.skip(f"{pg.backend} has no reduce_scatter_tensor: {str(exc).splitlines()[0]}")
+        pytest.skip(f"{pg.backend} has no reduce_scatter_single: {str(exc).splitlines()[0]}")
     benchmark.extra_info.update(dtype="float32")
-    benchmark(dist.reduce_scatter_tensor, output, source, nbytes=chunk * n * 4, collective="reduce_scatter")
+    benchmark(_reduce_scatter_single, output, source, nbytes=chunk * n * 4, collective="reduce_scatter")
 
 
 @pytest.mark.world_size()
@@ -65,7 +69,7 @@ def test_all_gather(pg, benchmark, nbytes):
     output = torch.empty(chunk * n, device=pg.device)
     mine = torch.ones(chunk, device=pg.device)
     benchmark.extra_info.update(dtype="float32")
-    benchmark(dist.all_gather_into_tensor, output, mine, nbytes=chunk * n * 4, collective="all_gather")
+    benchmark(_all_gather_single, output, mine, nbytes=chunk * n * 4, collective="all_gather")
 
 
 @pytest.mark.world_size()
@@ -73,3 +77,123 @@ def test_broadcast(pg, benchmark, nbytes):
     tensor = torch.ones(nbytes // 4, device=pg.device)
     benchmark.extra_info.update(dtype="float32")
     benchmark(dist.broadcast, tensor, 0, nbytes=nbytes, collective="broadcast")
+
+
+# nccl-tests' other operations. Inputs hold distinct values per rank and element, and after the timed
+# rounds each benchmark checks its result once against what its inputs must give (nccl-tests' -c).
+
+
+def rank_values(pg, rank: int, count: int, salt: int = 0) -> torch.Tensor:
+    """Small whole numbers, distinct per rank and element, exact in float32 (sums of a few of them too)."""
+    return (torch.arange(count, device=pg.device) % 251 + 1000 * rank + salt).float()
+
+
+@pytest.mark.world_size()
+def test_reduce(pg, benchmark, nbytes):
+    n, count = pg.world_size, nbytes // 4
+    tensor = rank_values(pg, pg.rank, count)
+    benchmark.extra_info.update(dtype="float32")
+    benchmark(dist.reduce, tensor, 0, nbytes=count * 4, collective="reduce")
+    tensor = rank_values(pg, pg.rank, count)
+    dist.reduce(tensor, 0)
+    if pg.rank == 0:
+        assert torch.equal(tensor, sum(rank_values(pg, r, count) for r in range(n)))
+
+
+@pytest.mark.world_size()
+@pytest.mark.parametrize("splits", ["even", "uneven"])
+def test_all_to_all(pg, benchmark, nbytes, splits):
+    """alltoall, and alltoallv with rank i sending j + 1 parts of n(n+1)/2 to rank j (same total bytes)."""
+    n, me = pg.world_size, pg.rank
+    count = nbytes // 4 // n * n
+    if splits == "even":
+        sizes = [[count // n] * n for _ in range(n)]
+    else:
+        unit = count // (n * (n + 1) // 2)
+        sizes = [[unit * (j + 1) for j in range(n)] for _ in range(n)]
+    source = rank_values(pg, me, sum(sizes[me]))
+    output = torch.empty(sum(sizes[i][me] for i in range(n)), device=pg.device)
+    column = [sizes[i][me] for i in range(n)]
+    benchmark.extra_info.update(dtype="float32", splits=splits)
+    benchmark(
+        dist.all_to_all_single, output, source, column, sizes[me], nbytes=source.numel() * 4,
+        collective="all_to_all",
+    )  # fmt: skip
+    dist.all_to_all_single(output, source, column, sizes[me])
+    starts = [sum(sizes[i][:me]) for i in range(n)]
+    want = [rank_values(pg, i, sum(sizes[i]))[starts[i] : starts[i] + sizes[i][me]] for i in range(n)]
+    assert torch.equal(output, torch.cat(want))
+
+
+@pytest.mark.world_size()
+@pytest.mark.parametrize("operation", ["gather", "scatter"])
+def test_gather_scatter(pg, benchmark, nbytes, operation):
+    """Bytes as nccl-tests counts them: the root's whole buffer, n parts."""
+    n, me = pg.world_size, pg.rank
+    count = nbytes // 4 // n
+    parts = [torch.empty(count, device=pg.device) for _ in range(n)] if me == 0 else None
+    mine = rank_values(pg, me, count)
+    if operation == "scatter" and me == 0:
+        parts = [rank_values(pg, r, count, salt=7) for r in range(n)]
+    call = (
+        (lambda: dist.gather(mine, parts, 0))
+        if operation == "gather"
+        else (lambda: dist.scatter(mine, parts, 0))
+    )
+    benchmark.extra_info.update(dtype="float32")
+    benchmark(call, nbytes=count * n * 4, collective=operation)
+    mine = rank_values(pg, me, count)
+    call()
+    if operation == "gather" and me == 0:
+        assert all(torch.equal(parts[r], rank_values(pg, r, count)) for r in range(n))
+    if operation == "scatter":
+        assert torch.equal(mine, rank_values(pg, me, count, salt=7))
+
+
+@pytest.mark.world_size()
+def test_sendrecv(pg, benchmark, nbytes):
+    """nccl-tests' sendrecv: every rank sends to the next and receives from the previous, at once."""
+    n, me = pg.world_size, pg.rank
+    payload = rank_values(pg, me, nbytes // 4)
+    inbox = torch.empty_like(payload)
+
+    def shift() -> None:
+        ops = [dist.P2POp(dist.isend, payload, (me + 1) % n), dist.P2POp(dist.irecv, inbox, (me - 1) % n)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    benchmark.extra_info.update(dtype="float32")
+    benchmark(shift, nbytes=payload.numel() * 4, collective="sendrecv")
+    inbox.zero_()
+    shift()
+    assert torch.equal(inbox, rank_values(pg, (me - 1) % n, payload.numel()))
+
+
+@pytest.mark.world_size()
+def test_hypercube(pg, benchmark, nbytes):
+    """nccl-tests' hypercube: log2(n) steps, at step k each rank swaps all it holds with rank ^ 2**k, an
+    all-gather by recursive doubling. Needs a power-of-two group."""
+    n, me = pg.world_size, pg.rank
+    if n & (n - 1):
+        pytest.skip(f"hypercube needs a power-of-two group, not {n} ranks")
+    count = nbytes // 4 // n
+    blocks = torch.empty(n, count, device=pg.device)
+
+    def exchange() -> None:
+        for k in range(n.bit_length() - 1):
+            peer, width = me ^ (1 << k), 1 << k
+            mine, theirs = (me // width) * width, (peer // width) * width
+            ops = [
+                dist.P2POp(dist.isend, blocks[mine : mine + width], peer),
+                dist.P2POp(dist.irecv, blocks[theirs : theirs + width], peer),
+            ]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+    blocks[me] = rank_values(pg, me, count)
+    benchmark.extra_info.update(dtype="float32")
+    benchmark(exchange, nbytes=count * n * 4, collective="hypercube")
+    blocks.zero_()
+    blocks[me] = rank_values(pg, me, count)
+    exchange()
+    assert all(torch.equal(blocks[r], rank_values(pg, r, count)) for r in range(n))

@@ -40,6 +40,13 @@ BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
     "p2p": lambda n: 1.0,
+    # nccl-tests' alltoall, gather, scatter and hypercube: (n - 1)/n of the bytes cross each rank's link;
+    # sendrecv (each rank sends to the next and receives from the previous) moves them all: 1
+    "all_to_all": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
+    "hypercube": lambda n: (n - 1) / n,
+    "sendrecv": lambda n: 1.0,
 }
 MAX_ROUNDS = 1000
 MAX_ITERATIONS = 1 << 16

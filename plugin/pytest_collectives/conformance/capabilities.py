@@ -134,10 +134,11 @@ class _NeedsPeers(Exception):
     """An operation that can't be called at this world size at all (a world of one has no peer)."""
 
 
-# What backends raise for a call they do not implement; anything else is not a refusal.
+# What backends raise for a call they do not implement; anything else is not a refusal. ("No backend type
+# associated with device type" is what c10d raises for a call a Python ProcessGroup does not override.)
 _REFUSALS = re.compile(
     r"does not support|not supported|unsupported|cannot use reduceop|invalid (scalar )?type|"
-    r"not implemented|no support|is only supported",
+    r"not implemented|no support|is only supported|no backend type associated",
     re.IGNORECASE,
 )
 

@@ -23,6 +23,8 @@ class GroupSpec:
     threads_per_rank: int
     env: dict[str, str]  # pytest's environment when the group starts: the forkserver's may be older
     controller_pid: int = 0  # the pytest process the ranks answer to: they end when it does
+    modules: tuple[str, ...] = ()  # --backend-module: imported before the group starts
+    sys_path: tuple[str, ...] = ()  # where to import them from: pytest's sys.path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Task:
 PASSED = "passed"
 FAILED = "failed"
 SKIPPED = "skipped"
+# A rank's skip reason when hypothesis' assume() (or reject()) turned down the example it was running.
+REJECTED = "hypothesis rejected the example (assume)"
 
 
 @dataclasses.dataclass

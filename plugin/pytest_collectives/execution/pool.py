@@ -12,6 +12,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -313,8 +314,10 @@ class GroupPool:
         gpus: int = 0,
         start_method: str = "forkserver",
         root: str | None = None,
+        modules: tuple[str, ...] = (),
     ) -> None:
         self.backend = backend
+        self.modules = modules
         self.timeout_s = timeout_s
         self.gpus = gpus
         self.ctx = forkserver_context(start_method)
@@ -336,6 +339,8 @@ class GroupPool:
             threads_per_rank=max(1, cores // world_size),
             env=dict(os.environ),
             controller_pid=os.getpid(),
+            modules=self.modules,
+            sys_path=tuple(sys.path),
         )
 
     def group(self, world_size: int, lost: list[RankReport] | None = None) -> WorkerGroup:

@@ -42,7 +42,15 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
-from pytest_collectives.execution.messages import FAILED, PASSED, SKIPPED, GroupSpec, RankResult, Task
+from pytest_collectives.execution.messages import (
+    FAILED,
+    PASSED,
+    REJECTED,
+    SKIPPED,
+    GroupSpec,
+    RankResult,
+    Task,
+)
 
 STACK_SIGNAL = signal.SIGUSR1
 PENDING_GRACE_S = 2.0  # NCCL work completes on the GPU a little after the host returns
@@ -261,6 +269,8 @@ def _outcome_of(exc: BaseException, tb: types.TracebackType | None) -> tuple[str
 
     if isinstance(exc, pytest.skip.Exception):
         return SKIPPED, str(exc.msg)
+    if type(exc).__name__ == "UnsatisfiedAssumption":  # hypothesis' assume(): the engine decides, not us
+        return SKIPPED, REJECTED
     return FAILED, "".join(traceback.format_exception(type(exc), exc, _without_harness(tb)))
 
 
@@ -446,6 +456,10 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     _track_async_ops()
     ctx = RankContext(rank, spec.world_size, spec.backend, device, seed=0)
     inject_fault("init", rank)
+    if spec.modules:
+        sys.path[:] = spec.sys_path
+        for module in spec.modules:  # a third-party backend registers itself when imported
+            importlib.import_module(module)
     _init_process_group(spec, rank, device)
     conn.send(("ready", rank))
     while True:

@@ -175,9 +175,11 @@ def settings_for(values: dict[str, str], env: SpmdEnv, count_gpus: Callable[[], 
         sizes = options._world_sizes(values["world_sizes"], 0)
     else:
         sizes = tuple(sorted({n for n in options.GPU_WORLD_SIZES if n <= env.world_size} | {env.world_size}))
+    modules = options.backend_modules(values["backend_module"])
     return options.Settings(
         gpus=gpus,
         backend=options._backend(values["backend"], gpus),
+        backend_modules=modules,
         world_sizes=sizes,
         timeout_s=options._timeout(values["dist_timeout"]),
         largest=env.world_size,

@@ -1,0 +1,74 @@
+"""The mutant table of the README: how often the conformance suites catch each backend that is wrong on
+purpose (tests/mutant_backends.py), after how many examples, and the minimal example they print.
+
+    python tests/bench_mutants.py [--runs 5]
+
+Each run is a fresh pytest session of the suite file the mutant's operation lives in, at 3 ranks, with the
+default ``ci`` profile: once without shrinking (the examples drawn until the first failure) and once as a
+user runs it (the printed minimal example).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import suite_conftest  # noqa: E402
+from test_capabilities import MUTANTS, SUITE  # noqa: E402
+
+NO_SHRINK = """
+from hypothesis import Phase, settings
+settings.register_profile(
+    "planted", parent=settings.get_profile("ci"), phases=[Phase.generate], database=None
+)
+"""
+
+
+def session(directory: Path, backend: str, test_file: str, select: str, profile: str) -> str:
+    command = [
+        sys.executable, "-m", "pytest", test_file, "-x", "-k", select, "-p", "no:cacheprovider",
+        "--backend-module", "mutant_backends", "--backend", backend, "--world-sizes", "3",
+        "--hypothesis-profile", profile,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run(command, cwd=directory, capture_output=True, text=True, env=env)
+    return done.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    print("| mutant | caught | examples to the first failure | minimal example |")
+    print("|---|---|---|---|")
+    for backend, test_file, select, _ in MUTANTS:
+        caught, examples, minimal = 0, [], ""
+        for _ in range(args.runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                directory = Path(tmp)
+                (directory / "conftest.py").write_text(suite_conftest(SUITE, NO_SHRINK))
+                for name in ("cases.py", test_file):
+                    shutil.copy(SUITE / "conformance" / name, directory / name)
+                out = session(directory, backend, test_file, select, "planted")
+                calls = re.search(r"(\d+) distributed calls", out)
+                if " failed" in out.splitlines()[-1]:
+                    caught += 1
+                    examples.append(int(calls.group(1)) if calls else 0)
+                if not minimal:
+                    out = session(directory, backend, test_file, select, "ci")
+                    case = re.search(r"case=Case\((.*?root=\d+)\)", out, flags=re.S)
+                    # an exception group's lines start with "|": not part of the example
+                    minimal = " ".join(case.group(1).replace("|", " ").split()) if case else ""
+        shown = f"{min(examples)}-{max(examples)}" if examples else "-"
+        print(f"| {backend.removeprefix('mutant_')} | {caught}/{args.runs} | {shown} | `{minimal}` |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Backends that are wrong on purpose: the reference backend (pytest_collectives.conformance.refbackend)
+with one real-world-shaped bug each, registered as ``mutant_<name>``. tests/test_capabilities.py runs the
+conformance suites on each and expects the bug caught, with a minimal example naming the operation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
+import torch.distributed as dist
+
+from pytest_collectives.conformance.refbackend import ReferenceBackend, register
+
+
+class GatherPermutesRanks(ReferenceBackend):
+    """all_gather hands every part back, in the wrong order (gloo's gather bug, pytorch PR 158903)."""
+
+    name = "mutant_gather_permutes_ranks"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        work = super().allgather(outputs, inputs, opts)
+        work.wait()
+        parts = outputs[0]
+        if len(parts) > 1 and parts[0].numel():
+            saved = [p.clone() for p in parts]
+            for i, part in enumerate(parts):
+                part.copy_(saved[(i + 1) % len(parts)])
+        return work
+
+
+class UnevenAllToAllOffByOne(ReferenceBackend):
+    """all_to_all_single with uneven splits writes every received element one place early."""
+
+    name = "mutant_uneven_all_to_all_off_by_one"
+
+    def alltoall_base(
+        self, output: Any, input: Any, out_splits: list[int], in_splits: list[int], opts: Any = None
+    ):
+        work = super().alltoall_base(output, input, out_splits, in_splits, opts)
+        work.wait()
+        if len(set(out_splits)) > 1 and output.numel() > 1:
+            output[:-1] = output[1:].clone()
+        return work
+
+
+class BroadcastFromRankZero(ReferenceBackend):
+    """broadcast from a non-zero root sends rank 0's tensor instead."""
+
+    name = "mutant_broadcast_ignores_root"
+
+    def broadcast(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        opts = opts or _options.BroadcastOptions()
+        opts.rootRank = 0
+        return super().broadcast(tensors, opts)
+
+
+class Bf16TailUnreduced(ReferenceBackend):
+    """all_reduce of bfloat16 leaves the last element as this rank's own (NCCL issue 1950's shape)."""
+
+    name = "mutant_bf16_tail_unreduced"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        if tensors[0].dtype == torch.bfloat16 and tensors[0].numel() > 1:
+            return super().allreduce([tensors[0].view(-1)[:-1]], opts)
+        return super().allreduce(tensors, opts)
+
+
+class StorageOffsetIgnored(ReferenceBackend):
+    """broadcast reads and writes a view as if it began at the start of its storage."""
+
+    name = "mutant_storage_offset_ignored"
+
+    def broadcast(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        t = tensors[0]
+        return super().broadcast([t.as_strided(t.shape, t.stride(), 0)], opts)
+
+
+class UnwrittenOnRankOne(ReferenceBackend):
+    """all_gather leaves the last element of rank 1's output unwritten, on rank 1 only."""
+
+    name = "mutant_unwritten_on_rank_1"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        last = outputs[0][-1]
+        before = last.clone()
+        work = super().allgather(outputs, inputs, opts)
+        work.wait()
+        if self.rank() == 1 and last.numel():
+            last.view(-1)[-1:] = before.view(-1)[-1:]
+        return work
+
+
+class CoalescedSumsUnderAnyOp(ReferenceBackend):
+    """all_reduce inside the coalescing manager sums whatever op it was given (pytorch issue 104168)."""
+
+    name = "mutant_coalesced_sums_under_any_op"
+
+    def allreduce_coalesced(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        opts = opts or _options.AllreduceCoalescedOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        return super().allreduce_coalesced(tensors, opts)
+
+
+MUTANTS = [
+    GatherPermutesRanks,
+    UnevenAllToAllOffByOne,
+    BroadcastFromRankZero,
+    Bf16TailUnreduced,
+    StorageOffsetIgnored,
+    UnwrittenOnRankOne,
+    CoalescedSumsUnderAnyOp,
+]
+register(*MUTANTS)
