@@ -101,9 +101,6 @@ class Calls:
         return [(name, NO_OP, NO_OP) for name in self.operations]
 
 
-Reduction = Case  # the name the reduction suites read best with
-
-
 @st.composite
 def cases(
     draw: st.DrawFn,
@@ -157,10 +154,9 @@ def group_of(pg, members: frozenset[int] | None) -> tuple[object | None, list[in
     return pg.new_group(ranks), ranks
 
 
-def laid_out(tensor: torch.Tensor, layout: str | bool, device: torch.device) -> torch.Tensor:
+def laid_out(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.Tensor:
     """The same values in the drawn layout: contiguous, every other element of a buffer twice the size
-    (strided; ``True`` is accepted for it), or a contiguous view one element into its storage (offset)."""
-    layout = {True: "strided", False: "contiguous"}.get(layout, layout)  # type: ignore[call-overload]
+    (strided), or a contiguous view one element into its storage (offset)."""
     if layout == "contiguous":
         return tensor.clone().to(device)
     buffer = torch.empty(tensor.numel() * 2 + 1, dtype=tensor.dtype, device=device)

@@ -162,30 +162,31 @@ def probe(pg: Any) -> dict[str, str]:
         for dtype in DTYPES:
             tensor = torch.zeros(n, dtype=dtype, device=pg.device)  # one element per rank
             for op in ops:
-                try:
-                    call(tensor, n, reduce_op(op) if op != NO_OP else None)
-                    reason = ""
-                except Exception as exc:  # noqa: BLE001 - classified: refusal or not
-                    reason = refusal(exc)
-                    if reason is None:
-                        reason = ""  # supported, and wrong: the suites draw it and fail on it
-                found[Capabilities.key((operation, dtype_name(dtype), op))] = reason
+                key = Capabilities.key((operation, dtype_name(dtype), op))
+                found[key] = _attempt(call, tensor, n, op)
     for name, call in _WHOLE_GROUP.items():
-        try:
-            call(pg)
-            found[Capabilities.key((name, NO_OP, NO_OP))] = ""
-        except Exception as exc:  # noqa: BLE001
-            found[Capabilities.key((name, NO_OP, NO_OP))] = refusal(exc) or ""
+        found[Capabilities.key((name, NO_OP, NO_OP))] = _attempt(call, None, n, NO_OP)
     if pg.device.type == "cuda":
         torch.cuda.synchronize(pg.device)
     return found
 
 
-_WHOLE_GROUP: dict[str, Callable[[Any], object]] = {
-    "barrier": lambda pg: dist.barrier(),
-    "monitored_barrier": lambda pg: dist.monitored_barrier(),
-    "all_gather_object": lambda pg: dist.all_gather_object([None] * pg.world_size, pg.rank),
-    "broadcast_object_list": lambda pg: dist.broadcast_object_list([pg.rank], src=0),
+def _attempt(call: Callable[[Any, int, Any], object], tensor: Any, n: int, op: str) -> str:
+    """The backend's refusal of the call, or an empty string: it went through, or failed another way,
+    which leaves it supported, so the suites draw it and fail on it."""
+    try:
+        call(tensor, n, reduce_op(op) if op != NO_OP else None)
+    except Exception as exc:  # noqa: BLE001 - classified: a refusal or not
+        return refusal(exc) or ""
+    return ""
+
+
+# Operations that take no tensor, called as the others are: (None, n, None).
+_WHOLE_GROUP: dict[str, Callable[[Any, int, Any], object]] = {
+    "barrier": lambda _, n, __: dist.barrier(),
+    "monitored_barrier": lambda _, n, __: dist.monitored_barrier(),
+    "all_gather_object": lambda _, n, __: dist.all_gather_object([None] * n, dist.get_rank()),
+    "broadcast_object_list": lambda _, n, __: dist.broadcast_object_list([dist.get_rank()], src=0),
 }
 
 
@@ -208,9 +209,6 @@ class Capabilities:
 
     def supports_all(self, cells: Iterable[Cell]) -> bool:
         return all(self.supports(*cell) for cell in cells)
-
-    def refused(self) -> dict[str, str]:
-        return {k: v for k, v in self.cells.items() if v}
 
 
 _active: Capabilities | None = None
