@@ -13,15 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import suite_conftest  # noqa: E402
-from test_capabilities import MUTANTS, SUITE  # noqa: E402
+from helpers import copy_conformance  # noqa: E402
+from test_capabilities import MUTANTS  # noqa: E402
 
 NO_SHRINK = """
 from hypothesis import Phase, settings
@@ -53,9 +52,7 @@ def main() -> None:
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
                 directory = Path(tmp)
-                (directory / "conftest.py").write_text(suite_conftest(SUITE, NO_SHRINK))
-                for name in ("cases.py", test_file):
-                    shutil.copy(SUITE / "conformance" / name, directory / name)
+                copy_conformance(directory, (test_file,), conftest_extra=NO_SHRINK)
                 out = session(directory, backend, test_file, select, "planted")
                 calls = re.search(r"(\d+) distributed calls", out)
                 if " failed" in out.splitlines()[-1]:

@@ -119,9 +119,15 @@ def gpu_data() -> dict:
     return data
 
 
-def suite_conftest(suites: Path, extra: str = "") -> str:
-    """One conftest.py for a copy of conformance files in a flat directory: the suites' settings and the
-    conformance suites' probe of the live group (two files in the tree), then ``extra``."""
-    probe = (suites / "conformance" / "conftest.py").read_text()
+SUITES = Path(__file__).resolve().parents[1] / "suites"
+
+
+def copy_conformance(directory: Path, files: tuple[str, ...] = (), conftest_extra: str = "") -> None:
+    """Conformance suite files copied flat into ``directory``: ``files`` and cases.py beside one conftest.py
+    that holds the suites' settings and the conformance suites' probe of the live group (two files in the
+    tree), then ``conftest_extra``."""
+    probe = (SUITES / "conformance" / "conftest.py").read_text()
     probe = probe.replace("from __future__ import annotations", "")
-    return (suites / "conftest.py").read_text() + probe + extra
+    (directory / "conftest.py").write_text((SUITES / "conftest.py").read_text() + probe + conftest_extra)
+    for name in ("cases.py", *files):
+        (directory / name).write_text((SUITES / "conformance" / name).read_text())

@@ -4,17 +4,15 @@ backend bugs in the operations suite caught on every rank."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import suite_conftest
+from helpers import copy_conformance
 
 from pytest_collectives.conformance.capabilities import Capabilities, refusal
 from pytest_collectives.conformance.matrix import CapabilityMatrix
 
-SUITE = Path(__file__).resolve().parents[1] / "suites"
 # The reference backends are Python ProcessGroups; torch 2.2's c10d crashes in them (a segfault in
 # all_reduce, "Expected a proper Tensor but got None" on its peers). Run on 2.13; the floor skips them.
 python_backends = pytest.mark.skipif(
@@ -70,8 +68,12 @@ def test_matrix_statuses():
     matrix = CapabilityMatrix(config=None, backend="nccl-like")
     for n in (2, 3):
         refused = "Cannot use ReduceOp.BAND with NCCL"
-        cells = {"all_reduce/int32/band": refused, "all_reduce/int32/sum": "", "all_reduce/int8/sum": ""}
-        cells["reduce/float32/sum"] = "" if n == 2 else "Invalid scalar type"  # supported at one size
+        cells = {
+            ("all_reduce", "int32", "band"): refused,
+            ("all_reduce", "int32", "sum"): "",
+            ("all_reduce", "int8", "sum"): "",
+            ("reduce", "float32", "sum"): "" if n == 2 else "Invalid scalar type",  # supported at one size
+        }
         matrix.add_probe(Capabilities("nccl-like", "cpu", n, cells))
     calls = [(2, "int32", "passed"), (3, "int8", "passed"), (3, "int8", "failed"), (3, "int32", "skipped")]
     for n, dtype, verdict in calls:
@@ -133,9 +135,7 @@ MUTANTS = [
 
 
 def copy_suite(directory: Path) -> None:
-    (directory / "conftest.py").write_text(suite_conftest(SUITE))
-    for name in ("cases.py", "test_all_reduce.py", "test_operations.py", "test_point_to_point.py"):
-        shutil.copy(SUITE / "conformance" / name, directory / name)
+    copy_conformance(directory, ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py"))
 
 
 def run_on_backend(pytester: pytest.Pytester, backend: str, *args: str) -> pytest.RunResult:

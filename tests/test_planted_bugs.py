@@ -8,18 +8,16 @@ profile) so the time measured is the time to the first failing example.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import suite_conftest
+from helpers import SUITES, copy_conformance
 
 import pytest_collectives.algorithms.collectives
 
-SUITE = Path(__file__).resolve().parents[1] / "suites"
 IMPORT = "from pytest_collectives.algorithms import collectives as alg"
 
 # (id, original text, planted text, test file, -k expression)
@@ -86,9 +84,8 @@ def plant(directory: Path, original: str, planted: str, test_file: str) -> None:
     source = Path(pytest_collectives.algorithms.collectives.__file__).read_text()
     assert source.count(original) == 1, f"the mutation site {original!r} is not unique in collectives.py"
     (directory / "mutant.py").write_text(source.replace(original, planted))
-    (directory / "conftest.py").write_text(suite_conftest(SUITE, PLANTED_PROFILE))
-    shutil.copy(SUITE / "conformance" / "cases.py", directory / "cases.py")
-    test = (SUITE / "conformance" / test_file).read_text()
+    copy_conformance(directory, conftest_extra=PLANTED_PROFILE)
+    test = (SUITES / "conformance" / test_file).read_text()
     assert IMPORT in test
     (directory / test_file).write_text(test.replace(IMPORT, "import mutant as alg"))
 

@@ -165,13 +165,9 @@ def laid_out(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.T
     return view.view(tensor.shape) if layout == "offset" else view
 
 
-def sentinel_like(tensor: torch.Tensor) -> torch.Tensor:
+def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An output buffer filled with what no input holds: NaN for floating dtypes, 0 for integers
     (rank_input never draws 0), so an element the backend never wrote cannot pass for a received one."""
-    return sentinel(tensor.shape, tensor.dtype, tensor.device)
-
-
-def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if dtype.is_floating_point or dtype.is_complex:
         # filled in float32 and converted: older torch has no fill kernel for float8
         size = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -192,7 +188,7 @@ def assert_moved(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
     got, want = _bits(actual), _bits(expected)
     bad = (got != want).any(1)
     if bad.any():
-        never = int(((got == _bits(sentinel_like(actual))).all(1) & bad).sum())
+        never = int(((got == _bits(sentinel(actual.shape, actual.dtype, actual.device))).all(1) & bad).sum())
         i = int(bad.nonzero()[0])
         flat_a, flat_e = actual.reshape(-1), expected.reshape(-1)
         raise AssertionError(

@@ -14,8 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms import collectives as alg
-from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input
-from pytest_collectives.conformance.capabilities import reduce_op
+from pytest_collectives.algorithms.reference import assert_reduced_close, is_exact, rank_input, reduce_op
 
 ALGORITHMS = {
     "all_reduce": alg.all_reduce_direct,
@@ -83,7 +82,7 @@ def test_decompositions_agree_with_each_other(pg, case):
     results = [run(pg, name, case) for name in DECOMPOSITIONS]
     if results[0] is None:
         return
-    exact = not (case.dtype.is_floating_point or case.dtype.is_complex) or case.op in ("min", "max")
+    exact = is_exact(case.dtype, case.op)
     first = results[0][0].cpu()
     for name, (result, inputs) in zip(DECOMPOSITIONS[1:], results[1:], strict=True):
         if exact:
@@ -97,7 +96,7 @@ def test_decompositions_agree_with_each_other(pg, case):
 @given(case=reductions(["all_reduce"], dtypes=FLOATS + [torch.int32], members=st.none()))
 def test_async_op_with_wait(pg, case):
     """async_op=True returns a Work whose wait() leaves the same result the blocking call gives, and whose
-    get_future() completes with the result tensor."""
+    get_future() completes."""
     inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in range(pg.world_size)]
     tensor = inputs[pg.rank].to(pg.device, copy=True)
     work = dist.all_reduce(tensor, op=reduce_op(case.op), async_op=True)

@@ -15,8 +15,7 @@ from cases import DENSE, FLOATS, Calls, assert_moved, group_of, laid_out, moveme
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input
-from pytest_collectives.conformance.capabilities import reduce_op
+from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
 
 # split sizes an all_to_all_single sends from rank i to rank j: drawn for 8 x 8 and folded onto the group
 SPLITS = st.lists(st.lists(st.integers(0, 40), min_size=8, max_size=8), min_size=8, max_size=8)

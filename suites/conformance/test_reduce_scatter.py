@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from cases import EDGE_SIZES, FLOATS, assert_moved, group_of, movements, reductions, sentinel
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms import collectives as alg
-from pytest_collectives.algorithms.reference import assert_gemm_sum_close, assert_reduced_close, rank_input
-from pytest_collectives.conformance.capabilities import active, reduce_op
+from pytest_collectives.algorithms.reference import (
+    assert_gemm_sum_close,
+    assert_reduced_close,
+    rank_input,
+    reduce_op,
+)
+from pytest_collectives.conformance.capabilities import active
 
 CHUNKS = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 3000))
-# torch 2.13 renamed the single-tensor collectives and made the old names emit a FutureWarning.
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
 
 def blocks_of(inputs: list[torch.Tensor], n: int, me: int) -> list[torch.Tensor]:
@@ -37,7 +38,7 @@ def test_backend_reduce_scatter(pg, case, in_place):
     inputs = [rank_input(pg.seed, r, n * chunk, case.dtype) for r in ranks]
     source = inputs[me].to(pg.device, copy=True)
     output = source.view(n, -1)[me] if in_place else sentinel(chunk, case.dtype, pg.device)
-    _reduce_scatter_single(output, source, op=reduce_op(case.op), group=group)
+    alg.reduce_scatter_single(output, source, op=reduce_op(case.op), group=group)
     assert_reduced_close(output, blocks_of(inputs, n, me), case.op)
 
 
@@ -53,7 +54,7 @@ def test_backend_all_gather(pg, case, in_place):
     output = sentinel(n * chunk, case.dtype, pg.device)
     mine = output.view(n, -1)[me] if in_place else torch.empty(chunk, dtype=case.dtype, device=pg.device)
     mine.copy_(inputs[me])
-    _all_gather_single(output, mine, group=group)
+    alg.all_gather_single(output, mine, group=group)
     assert_moved(output, torch.cat(inputs), f"all_gather_single of {n} x {chunk} {case.dtype}")
 
 

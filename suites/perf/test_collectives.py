@@ -12,10 +12,6 @@ import torch.distributed as dist
 
 from pytest_collectives.algorithms import collectives as alg
 
-# torch 2.13 renamed the single-tensor collectives; the old names warn on every call of a timed loop.
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-
 ALL_REDUCES = {
     "all_reduce": alg.all_reduce_direct,
     "reduce_broadcast": alg.all_reduce_reduce_broadcast,
@@ -55,11 +51,11 @@ def test_backend_reduce_scatter(pg, benchmark, nbytes):
     source = torch.ones(chunk * n, device=pg.device)
     output = torch.empty(chunk, device=pg.device)
     try:
-        _reduce_scatter_single(output, source)
+        alg.reduce_scatter_single(output, source)
     except (RuntimeError, NotImplementedError) as exc:
         pytest.skip(f"{pg.backend} has no reduce_scatter_single: {str(exc).splitlines()[0]}")
     benchmark.extra_info.update(dtype="float32")
-    benchmark(_reduce_scatter_single, output, source, nbytes=chunk * n * 4, collective="reduce_scatter")
+    benchmark(alg.reduce_scatter_single, output, source, nbytes=chunk * n * 4, collective="reduce_scatter")
 
 
 @pytest.mark.world_size()
@@ -69,7 +65,7 @@ def test_all_gather(pg, benchmark, nbytes):
     output = torch.empty(chunk * n, device=pg.device)
     mine = torch.ones(chunk, device=pg.device)
     benchmark.extra_info.update(dtype="float32")
-    benchmark(_all_gather_single, output, mine, nbytes=chunk * n * 4, collective="all_gather")
+    benchmark(alg.all_gather_single, output, mine, nbytes=chunk * n * 4, collective="all_gather")
 
 
 @pytest.mark.world_size()

@@ -18,6 +18,7 @@ import functools
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ReduceOp
 
@@ -27,17 +28,20 @@ __all__ = [
     "assert_reduced_close",
     "defined",
     "error_bound",
+    "is_exact",
     "rank_input",
+    "reduce_op",
     "reduce_reference",
 ]
 
+# The reduce ops by name; a backend takes reduce_op(name), which builds PREMUL_SUM's factor in.
 OPS: dict[str, ReduceOp] = {
     "sum": ReduceOp.SUM,
     "product": ReduceOp.PRODUCT,
     "min": ReduceOp.MIN,
     "max": ReduceOp.MAX,
     "avg": ReduceOp.AVG,
-    "premul_sum": ReduceOp.PREMUL_SUM,  # a backend takes dist._make_nccl_premul_sum(PREMUL_FACTOR)
+    "premul_sum": ReduceOp.PREMUL_SUM,
     "band": ReduceOp.BAND,
     "bor": ReduceOp.BOR,
     "bxor": ReduceOp.BXOR,
@@ -46,6 +50,14 @@ OPS: dict[str, ReduceOp] = {
 _BITWISE = ("band", "bor", "bxor")
 _SCALED = ("avg", "premul_sum")
 PREMUL_FACTOR = 2.0  # a power of two: scaling by it is exact, so PREMUL_SUM's bound is SUM's
+
+
+def reduce_op(name: str) -> ReduceOp:
+    """What a collective takes for the op named ``name`` (a key of ``OPS``)."""
+    if name == "premul_sum":
+        return dist._make_nccl_premul_sum(PREMUL_FACTOR)
+    return OPS[name]
+
 
 # Each reduces a stack of per-rank inputs along dim 0.
 _REDUCE = {
@@ -149,7 +161,7 @@ def error_bound(inputs: Sequence[Tensor], op: str) -> Tensor:
     """
     expected = reduce_reference(inputs, op)
     dtype, n = inputs[0].dtype, len(inputs)
-    if _is_exact(dtype, op):
+    if is_exact(dtype, op):
         return torch.zeros(expected.shape, dtype=torch.float64)
     eps, eps64 = torch.finfo(dtype.to_real()).eps, torch.finfo(torch.float64).eps
     exact = expected.abs()
@@ -174,7 +186,7 @@ def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str) -> N
     the error and the bound.
     """
     dtype = inputs[0].dtype
-    bound = None if _is_exact(dtype, op) else error_bound(inputs, op)
+    bound = None if is_exact(dtype, op) else error_bound(inputs, op)
     what = f"{op} over {len(inputs)} ranks of {dtype}"
     _assert_within(actual, reduce_reference(inputs, op), bound, dtype, what)
 
@@ -230,7 +242,8 @@ def _assert_within(
         )
 
 
-def _is_exact(dtype: torch.dtype, op: str) -> bool:
+def is_exact(dtype: torch.dtype, op: str) -> bool:
+    """Whether every backend must give the exact result bit for bit: integers and bool, MIN and MAX."""
     return not (dtype.is_floating_point or dtype.is_complex) or op in ("min", "max")
 
 

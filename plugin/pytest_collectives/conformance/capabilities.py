@@ -17,7 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pytest_collectives.algorithms.reference import PREMUL_FACTOR
+from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
+from pytest_collectives.algorithms.reference import OPS, reduce_op
 
 __all__ = [
     "DATA_OPERATIONS",
@@ -31,7 +32,6 @@ __all__ = [
     "dtype_name",
     "probe",
     "refusal",
-    "reduce_op",
     "use",
 ]
 
@@ -42,7 +42,7 @@ _DTYPE_NAMES = [
     "bool", "float8_e4m3fn", "float8_e5m2",
 ]  # fmt: skip
 DTYPES: list[torch.dtype] = [getattr(torch, name) for name in _DTYPE_NAMES if hasattr(torch, name)]
-REDUCE_OPS = ["sum", "product", "min", "max", "avg", "premul_sum", "band", "bor", "bxor"]
+REDUCE_OPS = list(OPS)
 NO_OP = "-"  # the reduce op of an operation that reduces nothing
 
 Cell = tuple[str, str, str]  # (operation, dtype name, reduce op or NO_OP)
@@ -50,12 +50,6 @@ Cell = tuple[str, str, str]  # (operation, dtype name, reduce op or NO_OP)
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def reduce_op(name: str) -> dist.ReduceOp:
-    if name == "premul_sum":
-        return dist._make_nccl_premul_sum(PREMUL_FACTOR)
-    return getattr(dist.ReduceOp, name.upper())
 
 
 # How one tiny call of each operation is made on a probe: (this rank's n elements, n, op) -> None.
@@ -68,7 +62,7 @@ def _reduce(t: torch.Tensor, n: int, op: Any) -> None:
 
 
 def _reduce_scatter_single(t: torch.Tensor, n: int, op: Any) -> None:
-    _single("reduce_scatter_single", "reduce_scatter_tensor")(t[:1].clone(), t, op=op)
+    reduce_scatter_single(t[:1].clone(), t, op=op)
 
 
 def _reduce_scatter(t: torch.Tensor, n: int, op: Any) -> None:
@@ -84,7 +78,7 @@ def _all_gather(t: torch.Tensor, n: int, op: Any) -> None:
 
 
 def _all_gather_single(t: torch.Tensor, n: int, op: Any) -> None:
-    _single("all_gather_single", "all_gather_into_tensor")(t.new_empty(n * t.numel()), t)
+    all_gather_single(t.new_empty(n * t.numel()), t)
 
 
 def _all_to_all_single(t: torch.Tensor, n: int, op: Any) -> None:
@@ -152,9 +146,9 @@ def refusal(exc: BaseException) -> str | None:
     return None
 
 
-def probe(pg: Any) -> dict[str, str]:
-    """On every rank: ``{key: ""}`` for each supported cell and ``{key: reason}`` for each refused one
-    (keys from ``Capabilities.key``). Every rank makes the same calls in the same order, so a refusal
+def probe(pg: Any) -> dict[Cell, str]:
+    """On every rank: ``{cell: ""}`` for each supported cell and ``{cell: reason}`` for each refused one.
+    Every rank makes the same calls in the same order, so a refusal
     raised before any data moves leaves the group in step."""
     n, found = pg.world_size, {}
     for operation, call in {**REDUCTIONS, **DATA_OPERATIONS}.items():
@@ -162,10 +156,9 @@ def probe(pg: Any) -> dict[str, str]:
         for dtype in DTYPES:
             tensor = torch.zeros(n, dtype=dtype, device=pg.device)  # one element per rank
             for op in ops:
-                key = Capabilities.key((operation, dtype_name(dtype), op))
-                found[key] = _attempt(call, tensor, n, op)
+                found[operation, dtype_name(dtype), op] = _attempt(call, tensor, n, op)
     for name, call in _WHOLE_GROUP.items():
-        found[Capabilities.key((name, NO_OP, NO_OP))] = _attempt(call, None, n, NO_OP)
+        found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP)
     if pg.device.type == "cuda":
         torch.cuda.synchronize(pg.device)
     return found
@@ -192,20 +185,16 @@ _WHOLE_GROUP: dict[str, Callable[[Any, int, Any], object]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
-    """What one backend supports on one device type at one world size: cell key -> "" or the refusal."""
+    """What one backend supports on one device type at one world size: cell -> "" or the refusal."""
 
     backend: str
     device_type: str
     world_size: int
-    cells: dict[str, str]
-
-    @staticmethod
-    def key(cell: Cell) -> str:
-        return "/".join(cell)
+    cells: dict[Cell, str]
 
     def supports(self, operation: str, dtype: torch.dtype | str = NO_OP, op: str = NO_OP) -> bool:
         name = dtype if isinstance(dtype, str) else dtype_name(dtype)
-        return self.cells.get(self.key((operation, name, op))) == ""
+        return self.cells.get((operation, name, op)) == ""
 
     def supports_all(self, cells: Iterable[Cell]) -> bool:
         return all(self.supports(*cell) for cell in cells)
@@ -224,8 +213,3 @@ def active() -> Capabilities:
     if _active is None:
         raise RuntimeError("nothing probed: suites/conformance/conftest.py probes the group per world size")
     return _active
-
-
-def _single(name: str, old: str) -> Callable[..., Any]:
-    # torch 2.13 renamed the single-tensor collectives and made the old names emit a FutureWarning.
-    return getattr(dist, name, None) or getattr(dist, old)

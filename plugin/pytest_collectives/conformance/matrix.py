@@ -68,12 +68,12 @@ class CapabilityMatrix:
         """One row per cell, probed or exercised, sorted: operation, dtype, reduce op, status, counts."""
         cells = set(self.tallies)
         for caps in self.probes.values():
-            cells.update(tuple(key.split("/")) for key in caps.cells)  # type: ignore[misc]
+            cells.update(caps.cells)
         order = {name: i for i, name in enumerate([*map(dtype_name, DTYPES), "-"])}
         rows = []
         for cell in sorted(cells, key=lambda c: (c[0], c[2], order.get(c[1], 99), c[1])):
             tally = self.tallies.get(cell, _Tally())
-            reasons = [caps.cells.get(Capabilities.key(cell)) for caps in self.probes.values()]
+            reasons = [caps.cells.get(cell) for caps in self.probes.values()]
             refused = [r for r in reasons if r]
             if tally.failed:
                 status = FAIL
