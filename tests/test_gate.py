@@ -134,3 +134,79 @@ def test_corrupt_baseline_is_a_one_line_error(pytester, bench_dir, content, fiel
     assert str(path) in line
     result.stdout.fnmatch_lines([f"baseline error: {field}"])
     assert path.read_text() == content
+
+
+def seed_baseline(root: Path, names: list[str], runs: int = 3) -> None:
+    """A baseline of this machine's topology holding ``names``, without timing a run for each."""
+    from pytest_collectives.gate.store import BenchmarkEntry, save_baseline
+    from pytest_collectives.topology.machine import detect
+
+    results = {name: BenchmarkEntry.from_samples([0.01 + 0.0001 * k for k in range(15)]) for name in names}
+    for _ in range(runs):
+        save_baseline(root, detect("gloo", 0), results)
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--benchmark-skip"], "--benchmark-skip skipped every benchmark"),
+        (["--benchmark-disable"], "--benchmark-disable ran every benchmark once, untimed"),
+        (["-k", "no_such_test"], "no selected test takes the benchmark fixture (check -k, -m and the paths)"),
+        (["-n", "2"], "pytest-benchmark does not time under pytest-xdist; run the gate without -n"),
+    ],
+    ids=["benchmark-skip", "benchmark-disable", "selection", "xdist"],
+)
+def test_a_run_without_benchmark_results_never_passes_the_gate(pytester, bench_dir, args, why) -> None:
+    seed_baseline(bench_dir, ["test_bench.py::test_op[ws2]"])
+    result = run(pytester, "--fail-on-regression", *args)
+    assert result.ret != 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            f"gate error: no benchmark results to judge: {why}, so --fail-on-regression cannot pass; "
+            "pass --min-judged 0 to let such a run pass"
+        ]
+    )
+    opted_out = run(pytester, "--fail-on-regression", "--min-judged", "0", *args)
+    assert opted_out.ret in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED), opted_out.stdout.str()
+    opted_out.stdout.no_fnmatch_line("*gate error*")
+
+
+def test_a_run_that_judges_a_sliver_of_the_baseline_fails_the_gate(pytester, bench_dir) -> None:
+    others = [f"test_bench.py::test_gone[{i}]" for i in range(3)]
+    seed_baseline(bench_dir, ["test_bench.py::test_op[ws2]", *others])
+    partial = run(pytester, "--fail-on-regression")
+    assert partial.ret == pytest.ExitCode.TESTS_FAILED
+    partial.stdout.fnmatch_lines(
+        [
+            "gate error: this run judged 1 of the baseline's 4 benchmarks (25%), fewer than --min-judged "
+            "0.5; the others were not selected (-k, -m, paths), skipped or failed, so --fail-on-regression "
+            "cannot pass; pass --min-judged 0 to let such a run pass"
+        ]
+    )
+    # Only the share is asked about here: whatever the one benchmark's verdict, no gate error.
+    assert run(pytester, "--fail-on-regression", "--min-judged", "0.25").stdout.str().count("gate error") == 0
+
+
+def test_min_judged_is_a_fraction(pytester, bench_dir) -> None:
+    result = run(pytester, "--min-judged", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--min-judged 2: expected a fraction between 0 and 1, e.g. 0.1"])
+
+
+@pytest.mark.parametrize("args", [["--fail-on-regression"], ["--node-report", "report", "-k", "nothing"]])
+def test_a_topology_that_cannot_be_read_is_a_usage_error_before_the_tests(
+    pytester, bench_dir, monkeypatch, args
+) -> None:
+    from pytest_collectives.gate import plugin as gate_plugin
+    from pytest_collectives.topology.machine import physical_indices
+
+    # What detect() meets on a node whose CUDA_VISIBLE_DEVICES names GPUs by UUID.
+    monkeypatch.setattr(gate_plugin, "detect", lambda backend, gpus: physical_indices(1, "GPU-5f0c"))
+    result = run(pytester, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: topology detection: CUDA_VISIBLE_DEVICES='GPU-5f0c': topology detection needs plain GPU "
+         "indices (e.g. 0,1), not UUIDs"]
+    )  # fmt: skip
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stdout.no_fnmatch_line("*passed*")  # nothing ran

@@ -37,9 +37,10 @@ from pytest_collectives.gate.store import (
     resolve_baseline,
     save_baseline,
 )
-from pytest_collectives.topology.machine import Fingerprint, detect, topology_id
+from pytest_collectives.topology.machine import Fingerprint, TopologyError, detect, topology_id
 
 SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list them all
+DEFAULT_MIN_JUDGED = 0.5
 
 OPTIONS = (
     ("--baseline-save", {"action": "store_true", "help": "add this run to the baseline of this machine's "
@@ -61,6 +62,9 @@ OPTIONS = (
     ("--machine-tolerance", {"metavar": "FRACTION", "default": str(DEFAULT_TOLERANCE),
                              "help": "how much slower than the baseline a machine of this topology may run "
                              "across all benchmarks before that is a machine-wide slowdown (default 0.25)"}),
+    ("--min-judged", {"metavar": "FRACTION", "default": str(DEFAULT_MIN_JUDGED),
+                      "help": "with --fail-on-regression: the share of the baseline's benchmarks a run must "
+                      "judge, else it fails (default 0.5); 0 lets a run with no benchmark results pass"}),
     ("--gate-report", {"metavar": "DIR", "help": "write the verdict as gate.json and gate.md into DIR"}),
 )  # fmt: skip
 
@@ -82,12 +86,14 @@ def collect_results(config: pytest.Config) -> dict[str, BenchmarkEntry]:
     return results
 
 
-def _fraction(flag: str, text: str, upper: float | None) -> float:
+def _fraction(flag: str, text: str, upper: float | None, closed: bool = False) -> float:
+    """``text`` as a fraction in (0, upper), or in [0, upper] when ``closed``; else a usage error."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not (value > 0 and (upper is None or value < upper)) or value == float("inf"):
+    inside = 0 <= value <= upper if closed and upper else 0 < value and (upper is None or value < upper)
+    if not inside or value == float("inf"):
         bound = f"between 0 and {upper:g}" if upper else "above 0"
         raise pytest.UsageError(f"{flag} {text}: expected a fraction {bound}, e.g. 0.1")
     return value
@@ -106,6 +112,7 @@ class BaselineGate:
         opt = config.getoption
         self.min_effect = _fraction("--regression-threshold", str(opt("regression_threshold")), 1)
         self.tolerance = _fraction("--machine-tolerance", str(opt("machine_tolerance")), None)
+        self.min_judged = _fraction("--min-judged", str(opt("min_judged")), 1, closed=True)
         keep = str(opt("baseline_keep"))
         if not keep.isdigit() or int(keep) < 1:
             raise pytest.UsageError(f"--baseline-keep {keep}: expected a whole number of runs >= 1, e.g. 5")
@@ -125,32 +132,41 @@ class BaselineGate:
         self.failed = False
         self.fingerprint: Fingerprint | None = None
         self.resolved: ResolvedBaseline | None = None
+        self.looked_up = False  # _resolve ran: `resolved` is the answer, None meaning no baseline
         self.error: str | None = None
         self.baseline_path: Path | None = None  # the baseline this run was compared with
+        self.benchmarks_selected: int | None = None  # None: collection did not run here (xdist controller)
 
     @property
     def rows(self) -> list[Any]:
         return [(r.name, r) for r in self.result.rows] if self.result else []
 
+    def machine(self) -> Fingerprint:
+        """This machine's fingerprint, detected once; what cannot be read is a usage error, not a crash."""
+        if self.fingerprint is None:
+            try:
+                self.fingerprint = detect(self.backend, self.gpus)
+            except TopologyError as exc:
+                raise pytest.UsageError(f"topology detection: {exc}") from None
+        return self.fingerprint
+
     def _resolve(self) -> None:
         """Detect the topology, find its baseline (to save: check where it goes); raises BaselineError."""
         opt = self.config.getoption
-        self.fingerprint = detect(self.backend, self.gpus)
+        fingerprint = self.machine()
+        self.looked_up = True
         if opt("baseline_save"):
-            check_saveable(self.root, self.fingerprint, opt("baseline_overwrite"))
+            check_saveable(self.root, fingerprint, opt("baseline_overwrite"))
         else:
-            self.resolved = resolve_baseline(self.root, self.fingerprint, opt("baseline"))
+            self.resolved = resolve_baseline(self.root, fingerprint, opt("baseline"))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         # A bad baseline is found before minutes of benchmarks run, not after them (in SPMD mode, rank 0
         # alone gates and tells the other ranks: SpmdLauncher.pytest_collection_finish).
         opt = self.config.getoption
-        if (
-            opt("benchmark_skip", False)
-            or opt("benchmark_disable", False)
-            or not any("benchmark" in getattr(item, "fixturenames", ()) for item in session.items)
-        ):
+        self.benchmarks_selected = sum("benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
+        if opt("benchmark_skip", False) or opt("benchmark_disable", False) or not self.benchmarks_selected:
             return
         try:
             self._resolve()
@@ -168,6 +184,8 @@ class BaselineGate:
                 self._gate(session, results)
             except BaselineError as exc:
                 self.error = f"baseline error: {exc}"
+        elif not self.error and self._judging():
+            self._no_silent_pass(f"no benchmark results to judge: {self._why_no_results()}")
         if self.error:
             self.lines.append(self.error)
             self.failed = True
@@ -176,11 +194,44 @@ class BaselineGate:
         if self.lines and not self.config.getoption("baseline_save"):
             self._write_reports()
 
+    def _judging(self) -> bool:
+        opt = self.config.getoption
+        return bool(opt("fail_on_regression")) and not opt("baseline_save") and self.min_judged > 0
+
+    def _why_no_results(self) -> str:
+        opt = self.config.getoption
+        if self.config.pluginmanager.hasplugin("dsession") or opt("numprocesses", None):
+            return "pytest-benchmark does not time under pytest-xdist; run the gate without -n"
+        if opt("benchmark_skip", False):
+            return "--benchmark-skip skipped every benchmark"
+        if opt("benchmark_disable", False):
+            return "--benchmark-disable ran every benchmark once, untimed"
+        if not self.benchmarks_selected:
+            return "no selected test takes the benchmark fixture (check -k, -m and the paths)"
+        return f"the {self.benchmarks_selected} selected benchmark(s) recorded no timing (skipped or failed)"
+
+    def _no_silent_pass(self, why: str) -> None:
+        self.error = (
+            f"gate error: {why}, so --fail-on-regression cannot pass; pass --min-judged 0 to let such a "
+            "run pass"
+        )
+
+    def _check_coverage(self, runs: list[dict[str, float]], result: GateResult) -> None:
+        """Under --fail-on-regression, a run that judged a sliver of the baseline must not pass as a whole."""
+        armed = {name for name in set().union(*runs) if sum(name in run for run in runs) >= MIN_RUNS}
+        judged, known = len(result.judged), len(armed)
+        if not armed or not self._judging() or judged >= self.min_judged * known:
+            return
+        self._no_silent_pass(
+            f"this run judged {judged} of the baseline's {known} benchmarks ({judged / known:.0%}), "
+            f"fewer than --min-judged {self.min_judged:g}; the others were not selected (-k, -m, paths), "
+            "skipped or failed"
+        )
+
     def _gate(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
-        if self.fingerprint is None:
+        if not self.looked_up:
             self._resolve()
-        assert self.fingerprint is not None
-        current = topology_id(self.fingerprint)
+        current = topology_id(self.machine())
         opt = self.config.getoption
         if opt("baseline_save"):
             path, runs = save_baseline(
@@ -206,6 +257,7 @@ class BaselineGate:
         runs = [{name: s.median for name, s in run.benchmarks.items()} for run in base.runs]
         now = {name: entry.median for name, entry in results.items()}
         self.result = result = judge(runs, now, self.min_effect, self.tolerance)
+        self._check_coverage(runs, result)
         self.lines.append(
             f"compared with {base.path}: {len(base.runs)} run(s), recorded {base.runs[0].created} to "
             f"{base.runs[-1].created}"

@@ -160,14 +160,18 @@ class NodeReport:
                     {"nodeid": report.nodeid, "longrepr": report.longreprtext[-MAX_LONGREPR:]}
                 )
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # What cannot be read of the topology is a usage error before the tests, not a crash after them.
+        self.config.pluginmanager.get_plugin("collectives-gate").machine()
+
     @pytest.hookimpl(trylast=True)  # after the gate has compared with the baseline
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         from pytest_collectives.gate import plugin as gate
         from pytest_collectives.nodereport.write import ReportError, write_report
-        from pytest_collectives.topology.machine import detect, link_class, topology_id
+        from pytest_collectives.topology.machine import link_class, topology_id
 
         gate_plugin = self.config.pluginmanager.get_plugin("collectives-gate")
-        fingerprint = gate_plugin.fingerprint or detect(gate_plugin.backend, gate_plugin.gpus)
+        fingerprint = gate_plugin.machine()
         results = gate.collect_results(self.config)
         cpu = fingerprint.kind == "cpu"
         data = {
