@@ -12,6 +12,8 @@ from pytest_collectives.gate.statistics import (
     IMPROVEMENT,
     INSUFFICIENT_DATA,
     MACHINE_SLOWDOWN,
+    MIN_FOR_PRIOR,
+    PRIOR_DF,
     REGRESSION,
     UNCHANGED,
     confirm,
@@ -103,14 +105,25 @@ def test_a_significant_but_small_change_is_not_flagged():
     assert not result.flagged  # below threshold / 2
 
 
-def test_detectable_slowdown_grows_with_the_spread_and_the_number_of_benchmarks():
+def test_detectable_slowdown_grows_with_the_spread():
     sessions = Sessions(seed=6)
-    base = sessions.baseline()
-    rows = judge(base, sessions.run()).rows
+    rows = judge(sessions.baseline(), sessions.run()).rows
     by_sigma = sorted(rows, key=lambda r: r.spread)
     assert by_sigma[0].detectable < by_sigma[-1].detectable
-    few = judge([{k: run[k] for k in sessions.names[:10]} for run in base], sessions.run()).rows
-    assert min(r.detectable for r in few) < min(r.detectable for r in rows)
+
+
+def test_the_prior_is_worth_more_runs_where_true_spreads_agree():
+    """d0 is learned: benchmarks that all repeat within 2% lend each other many runs' worth, a family
+    whose spreads range 1-5% lends little, and too few benchmarks to tell get PRIOR_DF."""
+    alike, unlike = Sessions(seed=6), Sessions(seed=6)
+    alike.sigma[:] = 0.02
+
+    def prior_runs(sessions: Sessions, n: int = N) -> float:
+        base = [{k: run[k] for k in sessions.names[:n]} for run in sessions.baseline()]
+        return float(np.median([r.df - (r.runs - 1) for r in judge(base, sessions.run()).rows]))
+
+    assert prior_runs(alike) > 3 * prior_runs(unlike)
+    assert prior_runs(unlike, n=MIN_FOR_PRIOR - 1) == PRIOR_DF
 
 
 def test_benchmarks_without_enough_runs_missing_and_new_are_listed():

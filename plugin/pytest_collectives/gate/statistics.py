@@ -9,11 +9,15 @@ several runs:
    log-ratio to the baseline's centre. It is what a faster or slower machine of the same topology, or a
    quieter day, does to everything at once. Every benchmark is then judged relative to its run's factor.
 2. Between-run spread. A benchmark's spread is the standard deviation of its factor-adjusted run medians.
-   With 3-5 runs that estimate alone is poor, so it is shrunk towards the spread typical of its family (a
-   moderated variance, as limma does: PRIOR_DF pseudo-runs at the pooled value), floored at MIN_SPREAD. A
-   family is the benchmarks that differ only in message size (`family`): one op on one backend is noisy
-   or quiet at every size alike (on a 2-core box gloo's all_gather moves 30-80% between sessions while
-   its broadcast moves 5-15%), so pooling across ops would call the noisy ones quiet.
+   With 3-5 runs that estimate alone is poor, so it is shrunk towards a prior (a moderated variance, as
+   limma does): the spread of its family's benchmarks nearest in message size (`_priors`; a family is the
+   benchmarks that differ only in message size, `family`), worth d0 runs, d0 learned from how far the
+   benchmarks' spreads scatter about their priors (`prior_df`). One op on one backend is noisy or quiet
+   alike at neighbouring sizes (on a 2-core box gloo's all_gather moves 30-80% between sessions while its
+   broadcast moves 5-15%; on a GPU node latency-bound small messages 5-10% and large ones 1%), so pooling
+   across ops or across the whole size range would call the noisy ones quiet. Where spreads agree the
+   prior is worth many runs and the t test has the degrees of freedom to catch 10% among 2000 benchmarks;
+   where they do not it is worth few. Floored at MIN_SPREAD.
 3. Verdict. A benchmark is a REGRESSION when its factor-adjusted log-ratio exceeds the t critical value for
    a one-sided test at ALPHA / N (Bonferroni over the N benchmarks judged: an unchanged session is flagged
    in at most ALPHA of sessions, whatever N) *and* its adjusted ratio is at least 1 + threshold / 2 (a real
@@ -51,7 +55,10 @@ ALPHA = 0.05
 POWER = 0.95
 MIN_RUNS = 3  # baseline runs a benchmark needs before the gate judges it
 MIN_FOR_FACTOR = 5  # benchmarks needed to tell a machine factor from one benchmark's change
-PRIOR_DF = 4
+PRIOR_DF = 4  # the prior's worth in runs when too few benchmarks (MIN_FOR_PRIOR) to estimate it
+MIN_FOR_PRIOR = 10
+WINDOW = 5  # benchmarks of one family, nearest in message size, that share a prior
+PRIOR_BINS, MIN_PER_BIN = 4, 50  # d0 is estimated among benchmarks of like priors (_prior_dfs)
 MIN_SPREAD = 0.005  # timer resolution and rounding: no benchmark is trusted to repeat within 0.5%
 
 
@@ -69,6 +76,7 @@ class BenchVerdict:
     remeasured: float | None = None  # relative ratio of the second measurement of a flagged benchmark
     critical: float = math.nan  # t critical value of the first judgement
     error: float = math.nan  # standard error of a run's log-ratio
+    df: float = math.nan  # degrees of freedom of that error: the baseline runs' and the prior's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,18 +146,107 @@ def family(name: str) -> str:
     return _SIZE.sub("*", name)
 
 
-def _pooled(variance: np.ndarray, df: np.ndarray, names: list[str]) -> np.ndarray:
-    """Each benchmark's prior variance: the median over its family (of 3 or more), else over all."""
-    scaled = variance / _chi2_median_over_df(df)
-    overall = float(np.median(scaled))
+_UNITS = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+
+
+def _size(name: str) -> float:
+    """The message size in a benchmark's name, for ordering a family by it (0 without one)."""
+    match = _SIZE.search(name)
+    if not match:
+        return 0.0
+    number, unit = re.fullmatch(r"(\d+)(.*)", match.group()).groups()  # type: ignore[union-attr]
+    return float(int(number) * _UNITS[unit.rstrip("B")])
+
+
+def _priors(scaled: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each benchmark's prior variance and the number of benchmarks it was pooled from.
+
+    The pool is the WINDOW other benchmarks of its family nearest in message size (a family of 4 or more;
+    else every other benchmark): small messages are latency-bound and noisier than large ones of the same
+    op, so the prior follows the size as limma-trend follows the mean. A benchmark is left out of its own
+    pool, so that how far it lies from its prior says how far true spreads scatter (prior_df)."""
     members: dict[str, list[int]] = {}
     for i, name in enumerate(names):
         members.setdefault(family(name), []).append(i)
-    prior = np.full(len(names), overall)
+    everyone = np.arange(len(names))
+    prior, pooled = np.empty(len(names)), np.empty(len(names))
     for group in members.values():
-        if len(group) >= 3:
-            prior[group] = float(np.median(scaled[group]))
-    return prior
+        group = sorted(group, key=lambda j: _size(names[j]))
+        for k, i in enumerate(group):
+            if len(group) > 3:
+                near = group[max(k - WINDOW, 0) : k] + group[k + 1 : k + 1 + WINDOW]
+                pool = sorted(near, key=lambda j: abs(group.index(j) - k))[:WINDOW]
+            else:
+                pool = list(everyone[everyone != i]) if len(names) > 1 else [i]
+            prior[i], pooled[i] = float(np.median(scaled[pool])), len(pool)
+    return prior, pooled
+
+
+def _prior_dfs(variance: np.ndarray, df: np.ndarray, prior: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+    """d0 (prior_df) for each benchmark, estimated among those of a like prior: latency-bound small
+    messages scatter about their priors more than bandwidth-bound large ones, and one d0 for both would
+    make the quiet benchmarks pay for the noisy ones' scatter (limma-trend's reason, for d0)."""
+    d0 = np.empty(len(variance))
+    bins = max(1, min(PRIOR_BINS, len(variance) // MIN_PER_BIN))
+    edges = np.quantile(prior, np.linspace(0, 1, bins + 1)[1:-1])
+    where = np.searchsorted(edges, prior)
+    for b in range(bins):
+        members = where == b
+        d0[members] = prior_df(variance[members], df[members], prior[members], pooled[members])
+    return d0
+
+
+def prior_df(variance: np.ndarray, df: np.ndarray, prior: np.ndarray, pooled: np.ndarray) -> float:
+    """How many runs' worth the prior is: limma's d0, from how far the benchmarks' variances scatter about
+    their priors. Each log(s^2 / prior) scatters by the sampling of its df runs and by the prior's own
+    error (the median of `pooled` such variances): that much, `_null_mad`, even were every benchmark's
+    true spread its prior's. What scatter is left over is the true spreads' own, trigamma(d0 / 2) in
+    limma's model (true variances a scaled inverse chi-square on d0 about the prior).
+
+    The scatter is the median absolute deviation, not the variance: where the prior does not fit a
+    benchmark its residual is an outlier, and a few of those must not make the prior worthless for the
+    rest. The observed scatter is taken two standard errors high, so that a few benchmarks never buy a
+    prior worth many runs: d0 too large is what would let an unchanged session through as a regression.
+    PRIOR_DF when too few benchmarks (MIN_FOR_PRIOR) to tell."""
+    if len(variance) < MIN_FOR_PRIOR:
+        return float(PRIOR_DF)
+    observed = _mad(np.log(variance / prior)) * (1 + 2 * 1.17 / math.sqrt(len(variance)))
+    nulls = [_null_mad(float(d), int(w)) ** 2 for d, w in zip(df, pooled, strict=True)]
+    null = math.sqrt(float(np.mean(nulls)))
+    if observed <= null:
+        return math.inf
+    # A MAD is 0.6745 standard deviations; the prior holds the true spreads' scatter too, over its pool.
+    truth = (observed**2 - null**2) / 0.6745**2 / (1 + math.pi / (2 * float(np.mean(pooled))))
+    return 2 * _inverse_trigamma(truth)
+
+
+def _mad(x: np.ndarray) -> float:
+    return float(np.median(np.abs(x - np.median(x))))
+
+
+@functools.lru_cache(maxsize=64)
+def _null_mad(df: float, pooled: int, draws: int = 20000) -> float:
+    """The scatter of log(s^2 / prior) on `df` runs, the prior the median of `pooled` others, when every
+    true spread is the same (a fixed seed: the same answer every run)."""
+    rng = np.random.default_rng(0)
+    drawn = rng.chisquare(df, size=(draws, pooled + 1)) / df
+    return _mad(np.log(drawn[:, 0] / np.median(drawn[:, 1:], axis=1)))
+
+
+def _trigamma(x: float) -> float:
+    shift = 0.0
+    while x < 6:
+        shift, x = shift + 1 / (x * x), x + 1
+    return shift + 1 / x + 1 / (2 * x * x) + 1 / (6 * x**3) - 1 / (30 * x**5) + 1 / (42 * x**7)
+
+
+def _inverse_trigamma(y: float) -> float:
+    """x with trigamma(x) = y (trigamma falls from infinity to 0 as x grows)."""
+    low, high = math.log(1e-4), math.log(1e8)
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _trigamma(math.exp(mid)) > y else (low, mid)
+    return math.exp((low + high) / 2)
 
 
 def _chi2_median_over_df(df: np.ndarray) -> np.ndarray:
@@ -208,9 +305,12 @@ def _judge_all(
     centre = np.nanmean(adjusted, axis=0)
     n_runs = np.sum(~np.isnan(adjusted), axis=0)
     df = n_runs - 1.0
-    variance = np.nansum((adjusted - centre) ** 2, axis=0) / df
-    pooled = _pooled(variance, df, names)
-    spread = np.maximum(np.sqrt((PRIOR_DF * pooled + df * variance) / (PRIOR_DF + df)), MIN_SPREAD)
+    variance = np.maximum(np.nansum((adjusted - centre) ** 2, axis=0) / df, MIN_SPREAD**2 / 100)
+    prior, pooled = _priors(variance / _chi2_median_over_df(df), names)
+    # The prior is worth at most the runs it was pooled from; halves keep t_quantile's cache small.
+    d0 = np.minimum(_prior_dfs(variance, df, prior, pooled), pooled * df)
+    total_df = np.floor(2 * (d0 + df)) / 2
+    spread = np.maximum(np.sqrt((d0 * prior + df * variance) / (d0 + df)), MIN_SPREAD)
     error = spread * np.sqrt(1 + 1 / n_runs)
     factor = float(np.median(now - centre)) if with_factor else 0.0
     effect = now - centre - factor
@@ -218,7 +318,7 @@ def _judge_all(
     z_power = NormalDist().inv_cdf(POWER)
     rows = []
     for i, name in enumerate(names):
-        critical = t_quantile(1 - ALPHA / len(names), PRIOR_DF + df[i])
+        critical = t_quantile(1 - ALPHA / len(names), float(total_df[i]))
         score = effect[i] / error[i]
         verdict = UNCHANGED
         if score > critical and effect[i] >= size:
@@ -230,7 +330,7 @@ def _judge_all(
             BenchVerdict(
                 name, math.exp(centre[i]), current[name], math.exp(now[i] - centre[i]), math.exp(effect[i]),
                 float(spread[i]), detectable, int(n_runs[i]), verdict, critical=critical,
-                error=float(error[i]),
+                error=float(error[i]), df=float(total_df[i]),
             )
         )  # fmt: skip
     if not with_factor:
@@ -250,6 +350,6 @@ def confirm(row: BenchVerdict, median: float, factor: float, flagged: int, thres
     """The flagged ``row`` with its second measurement (``median`` seconds): still a REGRESSION only when
     the second measurement is one too, at ALPHA over the ``flagged`` benchmarks measured again."""
     effect = math.log(median / row.baseline_median) - math.log(factor)
-    critical = t_quantile(1 - ALPHA / max(flagged, 1), PRIOR_DF + row.runs - 1)
+    critical = t_quantile(1 - ALPHA / max(flagged, 1), row.df)
     holds = effect / row.error > critical and effect >= math.log1p(threshold / 2)
     return dataclasses.replace(row, remeasured=math.exp(effect), verdict=REGRESSION if holds else UNCHANGED)
