@@ -21,6 +21,7 @@ from pytest_collectives.gate.store import (
     load_baseline,
     resolve_baseline,
     save_baseline,
+    sittings,
 )
 from pytest_collectives.schemas import load_schema
 from pytest_collectives.schemas.validation import first_error
@@ -68,6 +69,23 @@ def test_save_then_load_round_trip(tmp_path):
     summary = run.benchmarks["all_reduce[1MiB]"]
     assert summary == Summary(median=1.00e-3, q1=0.99e-3, q3=1.02e-3, rounds=5, iterations=1)
     assert run.benchmarks["broadcast[4KiB]"].q1 == run.benchmarks["broadcast[4KiB]"].q3 == 2e-5
+
+
+def test_a_run_records_its_boot_and_runs_of_one_boot_within_an_hour_are_one_sitting(tmp_path):
+    (run,) = load_baseline(saved(tmp_path)).runs
+    assert run.boot == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+    def at(time: str, boot: str | None) -> Run:
+        return Run(f"2026-11-{time}:00+00:00", None, {}, boot)
+
+    runs = [
+        at("23T10:00", "a"), at("23T10:40", "a"), at("23T11:30", "a"),  # 50 min apart: still one sitting
+        at("23T13:00", "a"),  # 90 minutes later: another
+        at("23T13:05", "b"),  # another boot (a reboot, or another machine)
+        at("25T09:00", None), at("25T09:10", None),  # older files: by time alone
+    ]  # fmt: skip
+    assert sittings(runs) == [0, 0, 0, 1, 2, 3, 3]
+    assert sittings(runs[::-1]) == [3, 3, 2, 1, 0, 0, 0]
 
 
 def test_each_save_adds_a_run_and_the_last_n_are_kept(tmp_path):

@@ -57,7 +57,9 @@ def test_three_runs_arm_the_gate_which_catches_a_planted_slowdown(pytester, benc
         unarmed.stdout.fnmatch_lines(
             ["baseline error: the baseline * holds fewer than 3 runs of this run's benchmarks*"]
         )
-    run(pytester, "--baseline-save").stdout.fnmatch_lines(["*(3 run(s) kept of 5)"])
+    run(pytester, "--baseline-save").stdout.fnmatch_lines(
+        ["*(3 run(s) kept of 5)", "warning: the baseline's 3 runs come from one sitting*the 25% default*"]
+    )
     path = only_baseline(bench_dir)
 
     same = run(pytester, "--fail-on-regression")

@@ -9,10 +9,12 @@ from scipy import stats
 
 from pytest_collectives.gate.report import format_table, markdown, to_json
 from pytest_collectives.gate.statistics import (
+    DEFAULT_TOLERANCE,
     IMPROVEMENT,
     INSUFFICIENT_DATA,
     MACHINE_SLOWDOWN,
     MIN_FOR_PRIOR,
+    MIN_TOLERANCE,
     PRIOR_DF,
     REGRESSION,
     UNCHANGED,
@@ -62,7 +64,7 @@ def test_a_faster_or_slower_machine_alone_is_not_a_regression():
     sessions = Sessions(seed=1)
     base = sessions.baseline()
     for machine in (0.7, 1.2):
-        result = judge(base, sessions.run(machine=machine))
+        result = judge(base, sessions.run(machine=machine), tolerance=0.25)
         assert result.machine is not None and result.machine.factor == pytest.approx(machine, rel=0.06)
         assert result.machine.verdict == UNCHANGED
         assert not result.flagged
@@ -89,6 +91,27 @@ def test_a_uniform_slowdown_is_a_machine_wide_verdict():
     result = judge(sessions.baseline(), sessions.run(machine=1.4))
     assert result.machine is not None and result.machine.verdict == MACHINE_SLOWDOWN
     assert not result.flagged  # each benchmark is relative to the factor: the verdict is the machine's
+
+
+def test_the_machine_tolerance_is_learned_from_the_baselines_sittings():
+    sessions = Sessions(seed=12)
+    quiet = [sessions.run(machine=m) for m in (1.0, 1.01, 0.995)]  # a GPU node: sittings agree within 1%
+    result = judge(quiet, sessions.run(machine=1.10))
+    assert result.machine is not None and result.machine.learned and result.machine.sittings == 3
+    assert MIN_TOLERANCE <= result.machine.tolerance < 0.10
+    assert result.machine.verdict == MACHINE_SLOWDOWN and not result.flagged
+
+    drifting = [sessions.run(machine=m) for m in (1.0, 1.3, 0.8)]  # this VM: sittings tens of percent apart
+    assert judge(drifting, sessions.run(machine=1.3)).machine.verdict == UNCHANGED
+    assert judge(drifting, sessions.run(machine=4.0)).machine.verdict == MACHINE_SLOWDOWN
+
+    one_sitting = judge(quiet, sessions.run(machine=1.10), sittings=[7, 7, 7]).machine
+    assert (one_sitting.sittings, one_sitting.learned) == (1, False)
+    assert one_sitting.tolerance == DEFAULT_TOLERANCE and one_sitting.verdict == UNCHANGED
+    chosen = judge(quiet, sessions.run(machine=1.10), tolerance=0.5).machine
+    assert (chosen.tolerance, chosen.learned, chosen.verdict) == (0.5, False, UNCHANGED)
+    with pytest.raises(ValueError, match="2 sitting labels for 3 runs"):
+        judge(quiet, sessions.run(), sittings=[0, 1])
 
 
 def test_a_big_speedup_is_an_improvement_not_a_failure():

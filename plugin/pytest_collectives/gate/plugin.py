@@ -36,6 +36,7 @@ from pytest_collectives.gate.store import (
     load_baseline,
     resolve_baseline,
     save_baseline,
+    sittings,
 )
 from pytest_collectives.topology.machine import Fingerprint, TopologyError, detect, topology_id
 
@@ -59,9 +60,11 @@ OPTIONS = (
     ("--regression-threshold", {"metavar": "FRACTION", "default": str(DEFAULT_THRESHOLD),
                                 "help": "the slowdown of one benchmark the gate promises to catch where its "
                                 "spread allows (default 0.10 = 10%%)"}),
-    ("--machine-tolerance", {"metavar": "FRACTION", "default": str(DEFAULT_TOLERANCE),
+    ("--machine-tolerance", {"metavar": "FRACTION",
                              "help": "how much slower than the baseline a machine of this topology may run "
-                             "across all benchmarks before that is a machine-wide slowdown (default 0.25)"}),
+                             "across all benchmarks before that is a machine-wide slowdown (default: learned "
+                             "from how far the baseline's sittings differ, at least 3%%; "
+                             f"{DEFAULT_TOLERANCE} while it holds one sitting)"}),
     ("--min-judged", {"metavar": "FRACTION", "default": str(DEFAULT_MIN_JUDGED),
                       "help": "with --fail-on-regression: the share of the baseline's benchmarks a run must "
                       "judge, else it fails (default 0.5); 0 lets a run with no benchmark results pass"}),
@@ -111,7 +114,8 @@ class BaselineGate:
         self.can_remeasure = can_remeasure  # under torchrun/srun every rank would have to rerun the test
         opt = config.getoption
         self.min_effect = _fraction("--regression-threshold", str(opt("regression_threshold")), 1)
-        self.tolerance = _fraction("--machine-tolerance", str(opt("machine_tolerance")), None)
+        tolerance = opt("machine_tolerance")
+        self.tolerance = None if tolerance is None else _fraction("--machine-tolerance", str(tolerance), None)
         self.min_judged = _fraction("--min-judged", str(opt("min_judged")), 1, closed=True)
         keep = str(opt("baseline_keep"))
         if not keep.isdigit() or int(keep) < 1:
@@ -246,6 +250,13 @@ class BaselineGate:
                 f"saved {len(results)} benchmark(s) as a run of the baseline of {current}: {path} "
                 f"({runs} run(s) kept of {self.keep}{armed})"
             )
+            if runs > 1 and len(set(sittings(load_baseline(path).runs))) == 1:
+                self.lines.append(
+                    f"warning: the baseline's {runs} runs come from one sitting (one boot, within an hour), "
+                    "so the gate cannot learn how far this machine drifts between sessions and keeps the "
+                    f"{DEFAULT_TOLERANCE:.0%} default machine-wide tolerance; add runs from other sessions "
+                    "or machines of this type"
+                )
             return
         if self.resolved is None:
             self._unarmed(f"no baseline for this topology ({current}) under {self.root}")
@@ -256,7 +267,7 @@ class BaselineGate:
             self.lines.append(f"comparing with a baseline of another topology ({base.topology_id}), as asked")
         runs = [{name: s.median for name, s in run.benchmarks.items()} for run in base.runs]
         now = {name: entry.median for name, entry in results.items()}
-        self.result = result = judge(runs, now, self.min_effect, self.tolerance)
+        self.result = result = judge(runs, now, self.min_effect, self.tolerance, sittings(base.runs))
         self._check_coverage(runs, result)
         self.lines.append(
             f"compared with {base.path}: {len(base.runs)} run(s), recorded {base.runs[0].created} to "
@@ -312,14 +323,26 @@ class BaselineGate:
         pace = "slower" if machine.factor >= 1 else "faster"
         times = machine.factor if machine.factor >= 1 else 1 / machine.factor
         self.lines.append(
-            f"this machine ran {times:.2f}x {pace} than the baseline across {machine.compared} benchmarks "
-            f"(the baseline's runs differ by {machine.spread:.1%}); each benchmark is judged relative to that"
+            f"this machine ran {times:.2f}x {pace} than the baseline across {machine.compared} benchmarks; "
+            "each benchmark is judged relative to that"
         )
+        if machine.learned:
+            source = (
+                f"learned from the baseline's {machine.sittings} sittings, whose factors differ by "
+                f"{machine.spread:.1%}"
+            )
+        elif self.tolerance is not None:
+            source = "set by --machine-tolerance"
+        else:
+            source = (
+                f"the default: the baseline's runs come from {machine.sittings} sitting, which cannot show "
+                "how far this machine drifts between sessions; add a run from another session"
+            )
+        self.lines.append(f"machine-wide tolerance {machine.tolerance:.0%} ({source})")
         if machine.verdict == MACHINE_SLOWDOWN:
             self.lines.append(
                 f"MACHINE-WIDE SLOWDOWN: every benchmark ran {machine.factor:.2f}x slower, beyond the "
-                f"{machine.tolerance:.0%} machines of one topology may differ (--machine-tolerance) and the "
-                "baseline runs' own spread: a driver, library or configuration change?"
+                f"{machine.tolerance:.0%} tolerance: a driver, library or configuration change?"
             )
 
     def _say_lists(self, result: GateResult) -> None:

@@ -93,9 +93,11 @@ def to_json(result: GateResult | None, lines: Sequence[str], failed: bool, **con
         if machine is None
         else {
             "factor": machine.factor,
-            "spread": machine.spread,
+            "spread": _number(machine.spread),
             "compared": machine.compared,
             "tolerance": machine.tolerance,
+            "sittings": machine.sittings,
+            "tolerance_learned": machine.learned,
             "verdict": machine.verdict,
         },
         "benchmarks": [

@@ -25,9 +25,14 @@ several runs:
 4. Detectable slowdown. For each benchmark, the slowdown the rule catches 95% of the time at its spread:
    a user sees where the gate can keep the promise of `threshold` and where it needs more rounds, more
    baseline runs or a quieter machine.
-5. Machine-wide slowdown. A factor above 1 + tolerance (machines of one topology differ by less), and
-   beyond the baseline runs' own spread of that factor, is its own verdict: a driver or library upgrade
-   that slows everything must not hide in the factor.
+5. Machine-wide slowdown. A factor beyond the tolerance is its own verdict: a driver or library upgrade
+   that slows everything must not hide in the factor. The tolerance is learned from the baseline: how
+   far the factor moves between its sittings (runs of one boot within an hour are one sitting: they
+   share a process layout, clocks and neighbours, and a baseline recorded in one sitting has not seen a
+   machine's drift), the one-sided t bound at ALPHA for a new sitting, floored at MIN_TOLERANCE. A quiet
+   GPU node's sittings agree within 1%, so a uniform 10% slowdown fails there; this 2-core VM's sittings
+   differ by tens of percent, so its drift passes. With fewer than 2 sittings it is DEFAULT_TOLERANCE;
+   `tolerance` set by the user replaces it.
 
 A flagged benchmark is measured again in the same session (gate.py); `confirm` judges the second
 measurement at ALPHA over the flagged ones, and only a confirmed regression fails the gate.
@@ -50,7 +55,8 @@ UNCHANGED = "unchanged"
 INSUFFICIENT_DATA = "insufficient data"
 MACHINE_SLOWDOWN = "machine-wide slowdown"
 DEFAULT_THRESHOLD = 0.10
-DEFAULT_TOLERANCE = 0.25
+DEFAULT_TOLERANCE = 0.25  # the machine-wide tolerance while the baseline has seen a single sitting
+MIN_TOLERANCE = 0.03  # clocks and boosts: machines of one type are never trusted to agree closer
 ALPHA = 0.05
 POWER = 0.95
 MIN_RUNS = 3  # baseline runs a benchmark needs before the gate judges it
@@ -82,9 +88,11 @@ class BenchVerdict:
 @dataclasses.dataclass(frozen=True)
 class MachineVerdict:
     factor: float  # this run's time / the baseline's, across every benchmark judged (> 1: slower)
-    spread: float  # between-run spread of that factor in the baseline (fraction)
+    spread: float  # between-sitting spread of that factor in the baseline (fraction; nan: one sitting)
     compared: int
     tolerance: float
+    sittings: int  # separate sittings among the baseline's runs
+    learned: bool  # the tolerance came from the sittings (False: set by the user, or one sitting)
     verdict: str  # MACHINE_SLOWDOWN or UNCHANGED
 
 
@@ -262,10 +270,16 @@ def judge(
     baseline_runs: Sequence[Mapping[str, float]],
     current: Mapping[str, float],
     threshold: float = DEFAULT_THRESHOLD,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
+    sittings: Sequence[int] | None = None,
 ) -> GateResult:
-    """Verdicts for this run's medians (seconds per iteration, by benchmark) against the baseline runs'."""
-    if not (0 < threshold < 1 and tolerance > 0):
+    """Verdicts for this run's medians (seconds per iteration, by benchmark) against the baseline runs'.
+
+    ``sittings`` labels each baseline run with its sitting (`store.sittings`; None: each run its own);
+    ``tolerance`` None learns the machine-wide tolerance from them."""
+    if sittings is not None and len(sittings) != len(baseline_runs):
+        raise ValueError(f"judge: {len(sittings)} sitting labels for {len(baseline_runs)} runs")
+    if not (0 < threshold < 1 and (tolerance is None or tolerance > 0)):
         raise ValueError(f"judge: need 0 < threshold < 1 and tolerance > 0, got {threshold}, {tolerance}")
     recorded = set().union(*baseline_runs) if baseline_runs else set()
     common = sorted(set(current) & recorded)
@@ -276,7 +290,8 @@ def judge(
     ]
     machine = None
     if judged:
-        judged_rows, machine = _judge_all(judged, baseline_runs, current, threshold, tolerance)
+        labels = list(range(len(baseline_runs))) if sittings is None else list(sittings)
+        judged_rows, machine = _judge_all(judged, baseline_runs, current, threshold, tolerance, labels)
         rows.extend(judged_rows)
     rows.sort(key=lambda r: r.name)
     return GateResult(
@@ -294,7 +309,8 @@ def _judge_all(
     runs: Sequence[Mapping[str, float]],
     current: Mapping[str, float],
     threshold: float,
-    tolerance: float,
+    tolerance: float | None,
+    sittings: list[int],
 ) -> tuple[list[BenchVerdict], MachineVerdict | None]:
     logs = np.array([[math.log(run[n]) if n in run else np.nan for n in names] for run in runs])
     now = np.log([current[n] for n in names])
@@ -335,15 +351,27 @@ def _judge_all(
         )  # fmt: skip
     if not with_factor:
         return rows, None
-    factor_spread = max(float(np.std(run_factor, ddof=1)), MIN_SPREAD) if len(runs) > 1 else MIN_SPREAD
-    beyond_spread = factor > t_quantile(1 - ALPHA, max(len(runs) - 1, 1)) * factor_spread * math.sqrt(
-        1 + 1 / len(runs)
-    )
-    slower = math.exp(factor) > 1 + tolerance and beyond_spread
-    machine = MachineVerdict(
-        math.exp(factor), factor_spread, len(names), tolerance, MACHINE_SLOWDOWN if slower else UNCHANGED
-    )
-    return rows, machine
+    return rows, _machine(factor, run_factor, sittings, len(names), tolerance)
+
+
+def _machine(
+    factor: float, run_factors: np.ndarray, sittings: list[int], compared: int, tolerance: float | None
+) -> MachineVerdict:
+    """The machine-wide verdict on this run's (log) factor, against the baseline sittings' factors."""
+    labels = sorted(set(sittings))
+    by_sitting = [float(np.mean(run_factors[[s == label for s in sittings]])) for label in labels]
+    spread = math.nan
+    if len(by_sitting) > 1:
+        spread = max(float(np.std(by_sitting, ddof=1)), MIN_SPREAD)
+    learned = tolerance is None and len(by_sitting) > 1
+    if learned:
+        n = len(by_sitting)
+        bound = t_quantile(1 - ALPHA, n - 1) * spread * math.sqrt(1 + 1 / n)
+        tolerance = max(MIN_TOLERANCE, math.expm1(bound))
+    elif tolerance is None:
+        tolerance = DEFAULT_TOLERANCE
+    verdict = MACHINE_SLOWDOWN if math.exp(factor) > 1 + tolerance else UNCHANGED
+    return MachineVerdict(math.exp(factor), spread, compared, tolerance, len(by_sitting), learned, verdict)
 
 
 def confirm(row: BenchVerdict, median: float, factor: float, flagged: int, threshold: float) -> BenchVerdict:

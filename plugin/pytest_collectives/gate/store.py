@@ -33,6 +33,7 @@ from pytest_collectives.topology.machine import Fingerprint, FingerprintError, t
 SCHEMA_VERSION = 2
 DEFAULT_NAME = "baseline"
 KEEP_RUNS = 5
+SITTING_GAP = datetime.timedelta(hours=1)
 OVERWRITE_FLAG = "--baseline-overwrite"
 _TIME_FIELDS = ("median", "q1", "q3")
 _COUNT_FIELDS = ("rounds", "iterations")
@@ -96,6 +97,7 @@ class Run:
     created: str  # UTC, ISO 8601
     commit: str | None
     benchmarks: dict[str, Summary]
+    boot: str | None = None  # the kernel's boot id where it was recorded (None: unknown, an older file)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +176,7 @@ def _run_from_json(path: Path, data: dict[str, Any], field: str) -> Run:
         if not summary["q1"] <= summary["median"] <= summary["q3"]:
             raise _fail(path, f"{field}.benchmarks.{name}.median", "between q1 and q3")
         benchmarks[name] = Summary(**summary)
-    return Run(data["created"], data["commit"], benchmarks)
+    return Run(data["created"], data["commit"], benchmarks, data.get("boot"))
 
 
 def _is_utc_iso(text: str) -> bool:
@@ -275,6 +277,7 @@ def render(topology: str, fingerprint: Fingerprint, runs: Sequence[Run]) -> str:
             {
                 "created": run.created,
                 "commit": run.commit,
+                **({"boot": run.boot} if run.boot else {}),
                 "benchmarks": {n: one_line(s) for n, s in run.benchmarks.items()},
             }
             for run in runs
@@ -314,12 +317,39 @@ def save_baseline(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         commit=_git_commit(path.parent),
         benchmarks={bench: entry.summary() for bench, entry in sorted(results.items())},
+        boot=_boot_id(),
     )
     runs = [*(existing.runs if existing else ()), run][-keep:]
     text = render(topology_id(fingerprint), fingerprint, runs)
     _baseline_from_json(path, json.loads(text))
     _write_atomic(path, text)
     return path, len(runs)
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def sittings(runs: Sequence[Run]) -> list[int]:
+    """A sitting label for each run: runs recorded in one boot, each within SITTING_GAP of the one before,
+    are one sitting (they share process layout, clocks and neighbours, so they agree more closely than a
+    machine agrees with itself another day). Runs without a boot id go by time alone."""
+    labels, label = [0] * len(runs), -1
+    previous: Run | None = None
+    for i in sorted(range(len(runs)), key=lambda i: runs[i].created):
+        run = runs[i]
+        other_boot = bool(previous and run.boot and previous.boot and run.boot != previous.boot)
+        if previous is None or other_boot or _parse(run.created) - _parse(previous.created) > SITTING_GAP:
+            label += 1
+        labels[i], previous = label, run
+    return labels
+
+
+def _parse(created: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(created)
 
 
 def _write_atomic(path: Path, text: str) -> None:
