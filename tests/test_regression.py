@@ -230,3 +230,42 @@ def test_the_reports_show_every_figure():
     assert {b["name"] for b in data["benchmarks"]} == set(sessions.names)
     assert all(math.isfinite(b["ratio"]) for b in data["benchmarks"])
     assert data["machine"]["compared"] == 6
+
+
+class Node:
+    """A GPU node's benchmark set in miniature: an all-pairs matrix (12 pairs over 10 sizes, 60% of the
+    benchmarks) and 8 collectives over the same sizes, each repeating within 1-3% between sessions."""
+
+    SIZES = [f"{4**k}KiB" for k in range(10)]
+
+    def __init__(self, seed: int) -> None:
+        pairs = [
+            f"test_pair[{s}to{d}-{size}]" for s in range(4) for d in range(4) if s != d for size in self.SIZES
+        ]
+        ops = [f"test_op{j}[ws8-{size}]" for j in range(8) for size in self.SIZES]
+        self.sessions = Sessions(seed, n=len(pairs) + len(ops))
+        self.sessions.names = pairs + ops
+        self.sessions.sigma = self.sessions.rng.uniform(0.01, 0.03, len(self.sessions.names))
+        self.pairs = np.arange(len(pairs))
+
+
+def test_a_family_that_moved_together_is_its_own_verdict_even_when_it_is_most_of_the_machine():
+    node = Node(seed=13)
+    base = node.sessions.baseline(runs=5)
+    slower = {int(i): 1.15 for i in node.pairs}
+    result = judge(base, node.sessions.run(slower=slower))
+    assert result.machine.factor > 1.07  # the pairs are most of the benchmarks: they pull "the machine"
+    assert [f.name for f in result.slow_families] == ["test_pair[*]"]
+    (pairs,) = result.slow_families
+    assert pairs.members == 120 and pairs.relative == pytest.approx(1.15, rel=0.03)
+    assert not result.flagged  # the collectives read as faster than the machine, which is no failure
+
+    one_op = {i: 1.15 for i, name in enumerate(node.sessions.names) if name.startswith("test_op3[")}
+    assert [f.name for f in judge(base, node.sessions.run(slower=one_op)).slow_families] == ["test_op3[*]"]
+
+
+def test_unchanged_sessions_have_no_family_verdict():
+    node = Node(seed=14)
+    base = node.sessions.baseline(runs=3)
+    flagged = sum(bool(judge(base, node.sessions.run()).slow_families) for _ in range(100))
+    assert flagged <= 5

@@ -290,7 +290,13 @@ class BaselineGate:
                 f"REGRESSION {row.name}: {row.relative:.3f}x{again} "
                 f"(between-run spread {row.spread:.1%}, machine factor {result.factor:.3f}x)"
             )
+        for fam in result.slow_families:
+            self.lines.append(
+                f"FAMILY SLOWDOWN {fam.name}: its {fam.members} benchmarks ran {fam.relative:.3f}x slower "
+                f"than the rest of this machine (between-run spread {fam.spread:.1%})"
+            )
         verdicts = [f"{len(regressions)} confirmed regression(s)"] if regressions else []
+        verdicts += [f"{len(result.slow_families)} family slowdown(s)"] if result.slow_families else []
         verdicts += ["a machine-wide slowdown"] if machine_wide else []
         if verdicts and opt("fail_on_regression"):
             self.lines.append(f"FAILED: {' and '.join(verdicts)} (--fail-on-regression)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -100,6 +101,7 @@ def to_json(result: GateResult | None, lines: Sequence[str], failed: bool, **con
             "tolerance_learned": machine.learned,
             "verdict": machine.verdict,
         },
+        "families": [dataclasses.asdict(f) for f in result.families] if result else [],
         "benchmarks": [
             {
                 "name": r.name,

@@ -34,6 +34,11 @@ several runs:
    differ by tens of percent, so its drift passes. With fewer than 2 sittings it is DEFAULT_TOLERANCE;
    `tolerance` set by the user replaces it.
 
+6. Families. A family (one op over sizes, or one test function over all its parameters: the pair
+   matrix, the host copies) is compared with the rest of the machine (`_judge_families`): when most
+   benchmarks are P2P pairs, a P2P slowdown becomes the machine factor and every collective reads as
+   faster, so a family that moved together beyond its between-run spread is its own failing verdict.
+
 A flagged benchmark is measured again in the same session (gate.py); `confirm` judges the second
 measurement at ALPHA over the flagged ones, and only a confirmed regression fails the gate.
 """
@@ -61,6 +66,7 @@ ALPHA = 0.05
 POWER = 0.95
 MIN_RUNS = 3  # baseline runs a benchmark needs before the gate judges it
 MIN_FOR_FACTOR = 5  # benchmarks needed to tell a machine factor from one benchmark's change
+MIN_FAMILY = 3  # benchmarks a family needs before it is judged as one
 PRIOR_DF = 4  # the prior's worth in runs when too few benchmarks (MIN_FOR_PRIOR) to estimate it
 MIN_FOR_PRIOR = 10
 WINDOW = 5  # benchmarks of one family, nearest in message size, that share a prior
@@ -97,12 +103,26 @@ class MachineVerdict:
 
 
 @dataclasses.dataclass(frozen=True)
+class FamilyVerdict:
+    name: str  # the family's pattern: `family` (an op over sizes) or a test function (`test_x[*]`)
+    members: int
+    relative: float  # how much slower its benchmarks ran than the rest of this machine (> 1: slower)
+    spread: float  # between-run spread of that figure in the baseline (fraction)
+    verdict: str  # REGRESSION or UNCHANGED
+
+
+@dataclasses.dataclass(frozen=True)
 class GateResult:
     rows: list[BenchVerdict]
     machine: MachineVerdict | None  # None: too few benchmarks to estimate a factor
     missing: list[str]  # in the baseline, not in this run
     new: list[str]  # in this run, not in the baseline
     threshold: float
+    families: list[FamilyVerdict] = dataclasses.field(default_factory=list)
+
+    @property
+    def slow_families(self) -> list[FamilyVerdict]:
+        return [f for f in self.families if f.verdict == REGRESSION]
 
     @property
     def factor(self) -> float:
@@ -187,6 +207,19 @@ def _priors(scaled: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarra
             else:
                 pool = list(everyone[everyone != i]) if len(names) > 1 else [i]
             prior[i], pooled[i] = float(np.median(scaled[pool])), len(pool)
+    return prior, pooled
+
+
+def _same_size_priors(scaled: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each benchmark's prior from every other benchmark of its message size (nan where fewer than 3)."""
+    sizes = np.array([_size(name) for name in names])
+    prior, pooled = np.full(len(names), np.nan), np.zeros(len(names))
+    for size in set(sizes[sizes > 0].tolist()):
+        members = np.flatnonzero(sizes == size)
+        if len(members) > 3:
+            for i in members:
+                others = members[members != i]
+                prior[i], pooled[i] = float(np.median(scaled[others])), len(others)
     return prior, pooled
 
 
@@ -288,14 +321,16 @@ def judge(
     rows = [
         _unjudged(name, baseline_runs, current[name], counts[name]) for name in common if name not in judged
     ]
-    machine = None
+    machine, families = None, []
     if judged:
         labels = list(range(len(baseline_runs))) if sittings is None else list(sittings)
-        judged_rows, machine = _judge_all(judged, baseline_runs, current, threshold, tolerance, labels)
+        judged_rows, machine, families = _judge_all(
+            judged, baseline_runs, current, threshold, tolerance, labels
+        )
         rows.extend(judged_rows)
     rows.sort(key=lambda r: r.name)
     return GateResult(
-        rows, machine, sorted(recorded - set(current)), sorted(set(current) - recorded), threshold
+        rows, machine, sorted(recorded - set(current)), sorted(set(current) - recorded), threshold, families
     )
 
 
@@ -311,7 +346,7 @@ def _judge_all(
     threshold: float,
     tolerance: float | None,
     sittings: list[int],
-) -> tuple[list[BenchVerdict], MachineVerdict | None]:
+) -> tuple[list[BenchVerdict], MachineVerdict | None, list[FamilyVerdict]]:
     logs = np.array([[math.log(run[n]) if n in run else np.nan for n in names] for run in runs])
     now = np.log([current[n] for n in names])
     with_factor = len(names) >= MIN_FOR_FACTOR
@@ -322,9 +357,21 @@ def _judge_all(
     n_runs = np.sum(~np.isnan(adjusted), axis=0)
     df = n_runs - 1.0
     variance = np.maximum(np.nansum((adjusted - centre) ** 2, axis=0) / df, MIN_SPREAD**2 / 100)
-    prior, pooled = _priors(variance / _chi2_median_over_df(df), names)
-    # The prior is worth at most the runs it was pooled from; halves keep t_quantile's cache small.
+    scaled = variance / _chi2_median_over_df(df)
+    # Two priors, each worth the d0 its fit earns (at most the runs it was pooled from): the family's
+    # neighbours in size, or every other op at this size (on a GPU node the ops' spreads agree at a size,
+    # and that pool never straddles the latency/bandwidth step).
+    prior, pooled = _priors(scaled, names)
     d0 = np.minimum(_prior_dfs(variance, df, prior, pooled), pooled * df)
+    across, across_pooled = _same_size_priors(scaled, names)
+    has = ~np.isnan(across)
+    if has.sum() >= MIN_FOR_PRIOR:
+        d0_across = np.zeros(len(names))
+        d0_across[has] = np.minimum(
+            _prior_dfs(variance[has], df[has], across[has], across_pooled[has]), across_pooled[has] * df[has]
+        )
+        better = d0_across > d0
+        prior, d0 = np.where(better, across, prior), np.where(better, d0_across, d0)
     total_df = np.floor(2 * (d0 + df)) / 2
     spread = np.maximum(np.sqrt((d0 * prior + df * variance) / (d0 + df)), MIN_SPREAD)
     error = spread * np.sqrt(1 + 1 / n_runs)
@@ -350,8 +397,67 @@ def _judge_all(
             )
         )  # fmt: skip
     if not with_factor:
-        return rows, None
-    return rows, _machine(factor, run_factor, sittings, len(names), tolerance)
+        return rows, None, []
+    families = _judge_families(names, logs - centre, now - centre, spread, threshold)
+    return rows, _machine(factor, run_factor, sittings, len(names), tolerance), families
+
+
+def _groups(names: list[str]) -> dict[str, np.ndarray]:
+    """The families a slowdown may move together: one op over sizes (`family`) and one test function over
+    all its parameters (the pair matrix, the host copies), of MIN_FAMILY or more benchmarks each."""
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        groups.setdefault(family(name), []).append(i)
+        groups.setdefault(name.split("[", 1)[0] + "[*]", []).append(i)
+    seen, out = set(), {}
+    for label, members in sorted(groups.items()):
+        if (
+            len(members) >= MIN_FAMILY
+            and len(names) - len(members) >= MIN_FOR_FACTOR
+            and tuple(members) not in seen
+        ):
+            seen.add(tuple(members))
+            out[label] = np.array(members)
+    return out
+
+
+def _judge_families(
+    names: list[str], runs: np.ndarray, now: np.ndarray, spread: np.ndarray, threshold: float
+) -> list[FamilyVerdict]:
+    """Each family against the rest of the machine: its benchmarks' mean log-ratio (weighted by their
+    precision: the quiet ones say most) less the median of everyone else's, in this run and in each
+    baseline run. A family that moved together beyond how far that figure moves between the baseline's
+    runs is its own verdict, at ALPHA over the families (a moderated t test, as for one benchmark, with
+    PRIOR_DF pseudo-runs at the families' typical spread): a P2P regression that is 60% of the
+    benchmarks would otherwise become the machine factor, with every collective an improvement."""
+    groups = _groups(names)
+    if not groups:
+        return []
+    weight = 1 / spread**2
+
+    def against_rest(values: np.ndarray, members: np.ndarray) -> float:
+        inside = np.zeros(len(names), bool)
+        inside[members] = True
+        known = ~np.isnan(values)
+        mean = np.sum((weight * values)[inside & known]) / np.sum(weight[inside & known])
+        return float(mean - np.median(values[~inside & known]))
+
+    n_runs = len(runs)
+    figures = {label: [against_rest(run, m) for run in runs] for label, m in groups.items()}
+    df = n_runs - 1.0
+    variance = {label: float(np.var(f, ddof=1)) for label, f in figures.items()}
+    prior = float(np.median(list(variance.values()))) / float(_chi2_median_over_df(np.array(df)))
+    critical = t_quantile(1 - ALPHA / len(groups), PRIOR_DF + df)
+    size = math.log1p(threshold / 2)
+    verdicts = []
+    for label, members in groups.items():
+        sd = max(math.sqrt((PRIOR_DF * prior + df * variance[label]) / (PRIOR_DF + df)), MIN_SPREAD)
+        effect = against_rest(now, members) - float(np.mean(figures[label]))
+        slower = effect / (sd * math.sqrt(1 + 1 / n_runs)) > critical and effect >= size
+        verdicts.append(
+            FamilyVerdict(label, len(members), math.exp(effect), sd, REGRESSION if slower else UNCHANGED)
+        )
+    return verdicts
 
 
 def _machine(
