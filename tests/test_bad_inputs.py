@@ -97,6 +97,8 @@ CASES = [
     usage("threshold-2", THRESHOLD, "2", message=f"{THRESHOLD} 2*: * between 0 and 1*"),
     usage("threshold-nan", THRESHOLD, "nan", message=f"{THRESHOLD} nan: * between 0 and 1*"),
     usage("threshold-word", THRESHOLD, "lots", message=f"{THRESHOLD} lots: * between 0 and 1*"),
+    usage("tolerance-0", "--machine-tolerance", "0", message="--machine-tolerance 0: * above 0, e.g. 0.1"),
+    usage("tolerance-word", "--machine-tolerance", "some", message="--machine-tolerance some: * above 0*"),
     usage("overwrite-without-save", "--baseline-overwrite",
           message="--baseline-overwrite only makes sense with --baseline-save"),
     marker("marker-0", "0", "test_inputs.py::test_distributed: world_size takes whole numbers >= 1*"),

@@ -211,7 +211,7 @@ def _priors(scaled: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarra
 
 
 def _same_size_priors(scaled: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Each benchmark's prior from every other benchmark of its message size (nan where fewer than 3)."""
+    """Each benchmark's prior from every other benchmark of its message size (nan with fewer than 3)."""
     sizes = np.array([_size(name) for name in names])
     prior, pooled = np.full(len(names), np.nan), np.zeros(len(names))
     for size in set(sizes[sizes > 0].tolist()):
@@ -252,7 +252,8 @@ def prior_df(variance: np.ndarray, df: np.ndarray, prior: np.ndarray, pooled: np
     if len(variance) < MIN_FOR_PRIOR:
         return float(PRIOR_DF)
     observed = _mad(np.log(variance / prior)) * (1 + 2 * 1.17 / math.sqrt(len(variance)))
-    nulls = [_null_mad(float(d), int(w)) ** 2 for d, w in zip(df, pooled, strict=True)]
+    # Beyond 50 the median of the pool is as good as exact beside the benchmark's own few runs.
+    nulls = [_null_mad(float(d), int(min(w, 50))) ** 2 for d, w in zip(df, pooled, strict=True)]
     null = math.sqrt(float(np.mean(nulls)))
     if observed <= null:
         return math.inf
