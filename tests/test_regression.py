@@ -145,7 +145,7 @@ def test_the_prior_is_worth_more_runs_where_true_spreads_agree():
         base = [{k: run[k] for k in sessions.names[:n]} for run in sessions.baseline()]
         return float(np.median([r.df - (r.runs - 1) for r in judge(base, sessions.run()).rows]))
 
-    assert prior_runs(alike) > 3 * prior_runs(unlike)
+    assert prior_runs(alike) > 2 * prior_runs(unlike)
     assert prior_runs(unlike, n=MIN_FOR_PRIOR - 1) == PRIOR_DF
 
 

@@ -246,15 +246,15 @@ def prior_df(variance: np.ndarray, df: np.ndarray, prior: np.ndarray, pooled: np
 
     The scatter is the median absolute deviation, not the variance: where the prior does not fit a
     benchmark its residual is an outlier, and a few of those must not make the prior worthless for the
-    rest. The observed scatter is taken two standard errors high, so that a few benchmarks never buy a
-    prior worth many runs: d0 too large is what would let an unchanged session through as a regression.
+    rest. The observed scatter is taken two standard errors high (`_null_mad`), so that a few benchmarks
+    never buy a prior worth many runs: d0 too large would let an unchanged session through as a regression.
     PRIOR_DF when too few benchmarks (MIN_FOR_PRIOR) to tell."""
     if len(variance) < MIN_FOR_PRIOR:
         return float(PRIOR_DF)
-    observed = _mad(np.log(variance / prior)) * (1 + 2 * 1.17 / math.sqrt(len(variance)))
-    # Beyond 50 the median of the pool is as good as exact beside the benchmark's own few runs.
-    nulls = [_null_mad(float(d), int(min(w, 50))) ** 2 for d, w in zip(df, pooled, strict=True)]
-    null = math.sqrt(float(np.mean(nulls)))
+    # Beyond 400 the median of the pool is as good as exact beside the benchmark's own few runs.
+    nulls = np.array([_null_mad(float(d), int(min(w, 400))) for d, w in zip(df, pooled, strict=True)])
+    null = math.sqrt(float(np.mean(nulls[:, 0] ** 2)))
+    observed = _mad(np.log(variance / prior)) + 2 * float(np.mean(nulls[:, 1])) / math.sqrt(len(variance))
     if observed <= null:
         return math.inf
     # A MAD is 0.6745 standard deviations; the prior holds the true spreads' scatter too, over its pool.
@@ -267,12 +267,16 @@ def _mad(x: np.ndarray) -> float:
 
 
 @functools.lru_cache(maxsize=64)
-def _null_mad(df: float, pooled: int, draws: int = 20000) -> float:
-    """The scatter of log(s^2 / prior) on `df` runs, the prior the median of `pooled` others, when every
-    true spread is the same (a fixed seed: the same answer every run)."""
+def _null_mad(df: float, pooled: int, draws: int = 20000, chunk: int = 100) -> tuple[float, float]:
+    """The scatter (MAD) of log(s^2 / prior) on `df` runs, the prior the median of `pooled` others, when
+    every true spread is the same, and the standard deviation of a MAD of n such, times sqrt(n) (from
+    chunks of `chunk`; log chi-square is skewed, so the normal's 1.17 would understate it). A fixed seed:
+    the same answer every run."""
     rng = np.random.default_rng(0)
     drawn = rng.chisquare(df, size=(draws, pooled + 1)) / df
-    return _mad(np.log(drawn[:, 0] / np.median(drawn[:, 1:], axis=1)))
+    ratio = np.log(drawn[:, 0] / np.median(drawn[:, 1:], axis=1))
+    chunks = [_mad(part) for part in ratio.reshape(-1, chunk)]
+    return _mad(ratio), float(np.std(chunks, ddof=1)) * math.sqrt(chunk)
 
 
 def _trigamma(x: float) -> float:
@@ -361,7 +365,7 @@ def _judge_all(
     scaled = variance / _chi2_median_over_df(df)
     # Two priors, each worth the d0 its fit earns (at most the runs it was pooled from): the family's
     # neighbours in size, or every other op at this size (on a GPU node the ops' spreads agree at a size,
-    # and that pool never straddles the latency/bandwidth step).
+    # and that pool never straddles the latency/bandwidth step); the one that fits better is used.
     prior, pooled = _priors(scaled, names)
     d0 = np.minimum(_prior_dfs(variance, df, prior, pooled), pooled * df)
     across, across_pooled = _same_size_priors(scaled, names)
@@ -371,8 +375,9 @@ def _judge_all(
         d0_across[has] = np.minimum(
             _prior_dfs(variance[has], df[has], across[has], across_pooled[has]), across_pooled[has] * df[has]
         )
-        better = d0_across > d0
-        prior, d0 = np.where(better, across, prior), np.where(better, d0_across, d0)
+        # One choice for all: picked benchmark by benchmark, the prior would be chosen by its own luck.
+        if np.median(d0_across[has]) > np.median(d0[has]):
+            prior, d0 = np.where(has, across, prior), np.where(has, d0_across, d0)
     total_df = np.floor(2 * (d0 + df)) / 2
     spread = np.maximum(np.sqrt((d0 * prior + df * variance) / (d0 + df)), MIN_SPREAD)
     error = spread * np.sqrt(1 + 1 / n_runs)
