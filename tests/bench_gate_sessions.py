@@ -71,9 +71,11 @@ def session(where: Path, max_time: float, *args: str, plant: str = "", reps: int
 
 
 def why(data: dict) -> str:
-    """What failed a session: the confirmed regressions and the machine-wide verdict."""
+    """What failed a session: the confirmed regressions, family slowdowns and the machine-wide verdict."""
     flagged = [b["name"].split("[")[1][:-1] for b in data["benchmarks"] if b["verdict"] == "regression"]
-    return f"regressions {flagged}, machine {data['machine']['factor']:.3f}x {data['machine']['verdict']}"
+    families = [f"{f['name']} {f['relative']:.2f}x" for f in data["families"] if f["verdict"] == "regression"]
+    machine = f"{data['machine']['factor']:.3f}x {data['machine']['verdict']}"
+    return f"regressions {flagged}, families {families}, machine {machine}"
 
 
 def gate_cost(benchmarks: int = 1000, runs: int = 5) -> float:
