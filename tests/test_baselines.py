@@ -67,8 +67,24 @@ def test_save_then_load_round_trip(tmp_path):
     (run,) = baseline.runs
     assert run.benchmarks == {name: entry.summary() for name, entry in results().items()}
     summary = run.benchmarks["all_reduce[1MiB]"]
-    assert summary == Summary(median=1.00e-3, q1=0.99e-3, q3=1.02e-3, rounds=5, iterations=1)
+    assert summary == Summary(median=1.00e-3, q1=0.99e-3, q3=1.02e-3, rounds=5, iterations=1, min=0.98e-3)
     assert run.benchmarks["broadcast[4KiB]"].q1 == run.benchmarks["broadcast[4KiB]"].q3 == 2e-5
+
+
+def test_the_fastest_round_is_judged_once_every_run_kept_it(tmp_path):
+    """A run recorded before the minimum was kept loads, and makes the gate judge the median until it is
+    gone: one statistic for every run, never the minimum of one run against the median of another."""
+    path = saved(tmp_path)
+    doc = json.loads(path.read_text())
+    for summary in doc["runs"][0]["benchmarks"].values():
+        del summary["min"]
+    write(path, json.dumps(doc))
+    old = load_baseline(path).runs[0]
+    assert old.benchmarks["all_reduce[1MiB]"].min is None
+    assert baselines.judged_statistic([old]) == "median"
+    path = saved(tmp_path)  # a new run, with its minimum, beside the old one
+    runs = load_baseline(path).runs
+    assert [baselines.judged_statistic(runs[i:]) for i in range(2)] == ["median", "min"]
 
 
 def test_a_run_records_its_boot_and_runs_of_one_boot_within_an_hour_are_one_sitting(tmp_path):
@@ -115,8 +131,8 @@ def test_file_is_sorted_json_with_one_benchmark_per_line(tmp_path):
     assert (
         lines
         == [
-            '"all_reduce[1MiB]": {"iterations": 1, "median": 0.001, "q1": 0.00099, "q3": 0.00102, '
-            '"rounds": 5},'
+            '"all_reduce[1MiB]": {"iterations": 1, "median": 0.001, "min": 0.00098, "q1": 0.00099, '
+            '"q3": 0.00102, "rounds": 5},'
         ]
         * 2
     )
@@ -313,6 +329,8 @@ F = "runs[0].benchmarks.all_reduce[1MiB]"
         (f"{B}/q1", math.inf, f"{F}.q1"),
         (f"{B}/q3", None, f"{F}.q3"),
         (f"{B}/q3", 0.5e-3, f"{F}.median"),
+        (f"{B}/min", 1.01e-3, f"{F}.min"),
+        (f"{B}/min", 0, f"{F}.min"),
         (f"{B}/rounds", 0, f"{F}.rounds"),
         (f"{B}/rounds", 5.0, f"{F}.rounds"),
         (f"{B}/iterations", False, f"{F}.iterations"),
@@ -358,7 +376,7 @@ def test_the_shipped_schema_accepts_committed_and_written_baselines(tmp_path):
         (f"{B}/rounds", 0, f"field '{F}.rounds' must be >= 1, got 0"),
         (f"{B}/median", -1e-3, f"field '{F}.median' must be > 0, got -0.001"),
         (f"{B}/q3", KeyError, f"field '{F}.q3' is missing"),
-        (f"{B}/mean", 1e-3, f"field '{F}.mean' is not a known field (known: median, q1, q3, rounds, it"),
+        (f"{B}/mean", 1e-3, f"field '{F}.mean' is not a known field (known: min, median, q1, q3, rounds"),
         (f"{R}/commit", "HEAD", "field 'runs[0].commit' must match ^([0-9a-f]{40}|[0-9a-f]{64})$ (git"),
         (f"{R}/benchmarks", {}, "field 'runs[0].benchmarks' must not be empty"),
         ("runs", [], "field 'runs' must have at least 1 item(s)"),

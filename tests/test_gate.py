@@ -64,7 +64,12 @@ def test_three_runs_arm_the_gate_which_catches_a_planted_slowdown(pytester, benc
 
     same = run(pytester, "--fail-on-regression")
     assert same.ret == 0, same.stdout.str()
-    same.stdout.fnmatch_lines(["*test_bench.py::test_op?ws2?*", f"compared with {path}: 3 run(s)*"])
+    same.stdout.fnmatch_lines(
+        [
+            "*test_bench.py::test_op?ws2?*",
+            f"compared with {path}: 3 run(s)*; judged on each benchmark's fastest round",
+        ]
+    )
     same.stdout.no_fnmatch_line("*test_bench.py::test_op?ws2?*regression*")
 
     monkeypatch.setenv("PLANTED_DELAY_S", "0.02")
@@ -80,7 +85,7 @@ def test_three_runs_arm_the_gate_which_catches_a_planted_slowdown(pytester, benc
     )
     slow.assert_outcomes(passed=1)  # measured again, but reported once
     report = json.loads((pytester.path / "gate" / "gate.json").read_text())
-    assert report["verdict"] == "fail"
+    assert report["verdict"] == "fail" and report["statistic"] == "min"
     (bench,) = report["benchmarks"]
     assert bench["verdict"] == "regression" and bench["ratio"] > 2 and bench["remeasured"] > 2
     assert "**regression**" in (pytester.path / "gate" / "gate.md").read_text()
@@ -90,6 +95,17 @@ def test_three_runs_arm_the_gate_which_catches_a_planted_slowdown(pytester, benc
     assert report_only.ret == 0
     report_only.stdout.fnmatch_lines(["*1 confirmed regression(s); report mode: add --fail-on-regression*"])
     assert (pytester.path / "summary.md").read_text().startswith("## collectives gate: passed")
+
+    # A run recorded before the fastest round was kept: the whole baseline is judged on the median.
+    doc = json.loads(path.read_text())
+    for summary in doc["runs"][0]["benchmarks"].values():
+        del summary["min"]
+    path.write_text(json.dumps(doc))
+    older = run(pytester, "--fail-on-regression")
+    older.stdout.fnmatch_lines(
+        ["compared with *; judged on the median round (a run of the baseline was recorded*"]
+    )
+    assert older.ret == pytest.ExitCode.TESTS_FAILED  # the planted slowdown is still caught
 
 
 def test_no_baseline_fails_the_gate_unless_a_first_run_is_allowed(pytester, bench_dir) -> None:

@@ -264,6 +264,18 @@ def test_a_family_that_moved_together_is_its_own_verdict_even_when_it_is_most_of
     assert [f.name for f in judge(base, node.sessions.run(slower=one_op)).slow_families] == ["test_op3[*]"]
 
 
+def test_families_are_judged_between_sittings_and_not_at_all_from_one():
+    """Runs of one sitting agree on how an op stands against the rest more closely than sessions do, so
+    the family verdict learns its spread from the sittings; one sitting cannot show it."""
+    node = Node(seed=15)
+    base = node.sessions.baseline(runs=6)
+    slower = node.sessions.run(slower={int(i): 1.25 for i in node.pairs})
+    assert judge(base, slower, sittings=[0] * 6).families == []
+    two_sittings = judge(base, slower, sittings=[0, 0, 0, 1, 1, 1])
+    assert [f.name for f in two_sittings.slow_families] == ["test_pair[*]"]
+    assert len(two_sittings.families) == len(judge(base, slower).families) > 1
+
+
 def test_unchanged_sessions_have_no_family_verdict():
     node = Node(seed=14)
     base = node.sessions.baseline(runs=3)

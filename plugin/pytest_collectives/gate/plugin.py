@@ -33,6 +33,7 @@ from pytest_collectives.gate.store import (
     BenchmarkEntry,
     ResolvedBaseline,
     check_saveable,
+    judged_statistic,
     load_baseline,
     resolve_baseline,
     save_baseline,
@@ -133,6 +134,7 @@ class BaselineGate:
                 raise pytest.UsageError(f"--baseline {explicit}: {exc}") from None
         self.lines: list[str] = []
         self.result: GateResult | None = None
+        self.statistic = "min"  # of each benchmark's rounds: set from the baseline when judged
         self.failed = False
         self.fingerprint: Fingerprint | None = None
         self.resolved: ResolvedBaseline | None = None
@@ -265,13 +267,20 @@ class BaselineGate:
         self.baseline_path = base.path
         if self.resolved.foreign:
             self.lines.append(f"comparing with a baseline of another topology ({base.topology_id}), as asked")
-        runs = [{name: s.median for name, s in run.benchmarks.items()} for run in base.runs]
-        now = {name: entry.median for name, entry in results.items()}
+        self.statistic = stat = judged_statistic(base.runs)
+        runs = [{name: getattr(s, stat) for name, s in run.benchmarks.items()} for run in base.runs]
+        now = {name: getattr(entry, stat) for name, entry in results.items()}
         self.result = result = judge(runs, now, self.min_effect, self.tolerance, sittings(base.runs))
         self._check_coverage(runs, result)
         self.lines.append(
             f"compared with {base.path}: {len(base.runs)} run(s), recorded {base.runs[0].created} to "
-            f"{base.runs[-1].created}"
+            f"{base.runs[-1].created}; judged on "
+            + (
+                "each benchmark's fastest round"
+                if stat == "min"
+                else "the median round (a run of the baseline was recorded before the fastest round was "
+                "kept; the gate judges the fastest once every run it keeps has it)"
+            )
         )
         self._say_machine(result)
         if result.flagged:
@@ -345,6 +354,11 @@ class BaselineGate:
                 "how far this machine drifts between sessions; add a run from another session"
             )
         self.lines.append(f"machine-wide tolerance {machine.tolerance:.0%} ({source})")
+        if machine.sittings < 2:
+            self.lines.append(
+                "no family of benchmarks judged: how far one op drifts against the rest between sessions "
+                "cannot be learned from one sitting; add a run from another session"
+            )
         if machine.verdict == MACHINE_SLOWDOWN:
             self.lines.append(
                 f"MACHINE-WIDE SLOWDOWN: every benchmark ran {machine.factor:.2f}x slower, beyond the "
@@ -390,8 +404,8 @@ class BaselineGate:
             if not again:
                 self.lines.append(f"{row.name}: could not be measured again; the first measurement stands")
                 continue
-            median = BenchmarkEntry.from_samples(again[-1].stats.data).median
-            confirmed = confirm(row, median, result.factor, len(flagged), result.threshold)
+            time = getattr(BenchmarkEntry.from_samples(again[-1].stats.data), self.statistic)
+            confirmed = confirm(row, time, result.factor, len(flagged), result.threshold)
             result.rows[result.rows.index(row)] = confirmed
 
     def _write_reports(self) -> None:
@@ -409,6 +423,7 @@ class BaselineGate:
             self.failed,
             topology_id=topology_id(self.fingerprint) if self.fingerprint else None,
             baseline=str(self.baseline_path) if self.baseline_path else None,
+            statistic=self.statistic,  # what the *_median_s figures hold: the fastest round, or the median
         )
         try:
             out = Path(directory)

@@ -37,7 +37,8 @@ several runs:
 6. Families. A family (one op over sizes, or one test function over all its parameters: the pair
    matrix, the host copies) is compared with the rest of the machine (`_judge_families`): when most
    benchmarks are P2P pairs, a P2P slowdown becomes the machine factor and every collective reads as
-   faster, so a family that moved together beyond its between-run spread is its own failing verdict.
+   faster, so a family that moved together beyond its spread between the baseline's sittings is its own
+   failing verdict. A baseline of one sitting judges no family (it cannot show how far one drifts).
 
 A flagged benchmark is measured again in the same session (gate.py); `confirm` judges the second
 measurement at ALPHA over the flagged ones, and only a confirmed regression fails the gate.
@@ -404,7 +405,7 @@ def _judge_all(
         )  # fmt: skip
     if not with_factor:
         return rows, None, []
-    families = _judge_families(names, logs - centre, now - centre, spread, threshold)
+    families = _judge_families(names, logs - centre, now - centre, spread, threshold, sittings)
     return rows, _machine(factor, run_factor, sittings, len(names), tolerance), families
 
 
@@ -428,16 +429,27 @@ def _groups(names: list[str]) -> dict[str, np.ndarray]:
 
 
 def _judge_families(
-    names: list[str], runs: np.ndarray, now: np.ndarray, spread: np.ndarray, threshold: float
+    names: list[str],
+    runs: np.ndarray,
+    now: np.ndarray,
+    spread: np.ndarray,
+    threshold: float,
+    sittings: list[int],
 ) -> list[FamilyVerdict]:
     """Each family against the rest of the machine: its benchmarks' mean log-ratio (weighted by their
     precision: the quiet ones say most) less the median of everyone else's, in this run and in each
-    baseline run. A family that moved together beyond how far that figure moves between the baseline's
-    runs is its own verdict, at ALPHA over the families (a moderated t test, as for one benchmark, with
-    PRIOR_DF pseudo-runs at the families' typical spread): a P2P regression that is 60% of the
-    benchmarks would otherwise become the machine factor, with every collective an improvement."""
+    baseline sitting. A family that moved together beyond how far that figure moves between the
+    baseline's sittings is its own verdict, at ALPHA over the families (a moderated t test, as for one
+    benchmark, with PRIOR_DF pseudo-sittings at the families' typical spread): a P2P regression that is
+    60% of the benchmarks would otherwise become the machine factor, with every collective an improvement.
+
+    Between sittings, not runs, as for the machine factor: runs of one sitting agree on how one op
+    stands against the others far more closely than sessions do (on this VM one op's family moved 38%
+    against the rest between unchanged sessions, while three runs of one sitting agreed within a few
+    percent). With one sitting there is nothing to learn that from, and no family is judged."""
     groups = _groups(names)
-    if not groups:
+    labels = sorted(set(sittings))
+    if not groups or len(labels) < 2:
         return []
     weight = 1 / spread**2
 
@@ -448,9 +460,12 @@ def _judge_families(
         mean = np.sum((weight * values)[inside & known]) / np.sum(weight[inside & known])
         return float(mean - np.median(values[~inside & known]))
 
-    n_runs = len(runs)
-    figures = {label: [against_rest(run, m) for run in runs] for label, m in groups.items()}
-    df = n_runs - 1.0
+    def by_sitting(values: list[float]) -> list[float]:
+        return [float(np.mean([v for v, s in zip(values, sittings, strict=True) if s == x])) for x in labels]
+
+    n = len(labels)
+    figures = {label: by_sitting([against_rest(run, m) for run in runs]) for label, m in groups.items()}
+    df = n - 1.0
     variance = {label: float(np.var(f, ddof=1)) for label, f in figures.items()}
     prior = float(np.median(list(variance.values()))) / float(_chi2_median_over_df(np.array(df)))
     critical = t_quantile(1 - ALPHA / len(groups), PRIOR_DF + df)
@@ -459,7 +474,7 @@ def _judge_families(
     for label, members in groups.items():
         sd = max(math.sqrt((PRIOR_DF * prior + df * variance[label]) / (PRIOR_DF + df)), MIN_SPREAD)
         effect = against_rest(now, members) - float(np.mean(figures[label]))
-        slower = effect / (sd * math.sqrt(1 + 1 / n_runs)) > critical and effect >= size
+        slower = effect / (sd * math.sqrt(1 + 1 / n)) > critical and effect >= size
         verdicts.append(
             FamilyVerdict(label, len(members), math.exp(effect), sd, REGRESSION if slower else UNCHANGED)
         )
