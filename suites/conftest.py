@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, settings
 
 from pytest_collectives.bench.timing import format_size, parse_size, sweep
+from pytest_collectives.conformance import known_bugs
 from pytest_collectives.execution.session import settings_of
 
 # Examples run on every rank, so their time varies with the machine's load: no deadline. The example
@@ -53,18 +56,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("nbytes", sizes, ids=[format_size(n) for n in sizes])
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "backend_bug(*backends, reason): a known defect of those backends; the test is a strict xfail there, "
-        "so a fix shows up as XPASS",
-    )
+# The backends' defects the suites have found: strict xfails there (a fix shows up as XPASS).
+KNOWN_BUGS = Path(__file__).with_name("known_bugs.json")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    backend = settings_of(config).backend
-    for item in items:
-        for marker in item.iter_markers("backend_bug"):
-            if backend in marker.args:
-                reason = f"{backend}: {marker.kwargs['reason']}"
-                item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    known_bugs.mark(items, settings_of(config).backend, known_bugs.load(KNOWN_BUGS))

@@ -1,7 +1,7 @@
 """The mutant table of the README: how often the conformance suites catch each backend that is wrong on
 purpose (tests/mutant_backends.py), after how many examples, and the minimal example they print.
 
-    python tests/bench_mutants.py [--runs 5]
+    python tests/bench_mutants.py [--runs 5] [--mutant NAME ...]
 
 Each run is a fresh pytest session of the suite file the mutant's operation lives in, at 3 ranks, with the
 default ``ci`` profile: once without shrinking (the examples drawn until the first failure) and once as a
@@ -44,10 +44,15 @@ def session(directory: Path, backend: str, test_file: str, select: str, profile:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--mutant", action="append", help="only these (e.g. channels_last_written_contiguous)"
+    )
     args = parser.parse_args()
     print("| mutant | caught | examples to the first failure | minimal example |")
     print("|---|---|---|---|")
     for backend, test_file, select, _ in MUTANTS:
+        if args.mutant and backend.removeprefix("mutant_") not in args.mutant:
+            continue
         caught, examples, minimal = 0, [], ""
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:

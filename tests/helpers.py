@@ -129,5 +129,6 @@ def copy_conformance(directory: Path, files: tuple[str, ...] = (), conftest_extr
     probe = (SUITES / "conformance" / "conftest.py").read_text()
     probe = probe.replace("from __future__ import annotations", "")
     (directory / "conftest.py").write_text((SUITES / "conftest.py").read_text() + probe + conftest_extra)
+    (directory / "known_bugs.json").write_text((SUITES / "known_bugs.json").read_text())
     for name in ("cases.py", *files):
         (directory / name).write_text((SUITES / "conformance" / name).read_text())

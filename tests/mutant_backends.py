@@ -102,6 +102,22 @@ class CoalescedSumsUnderAnyOp(ReferenceBackend):
         return super().allreduce_coalesced(tensors, opts)
 
 
+class ChannelsLastWrittenContiguous(ReferenceBackend):
+    """all_gather writes a channels_last output in contiguous order (pytorch issue 163483's shape): the
+    bytes arrive, the layout does not."""
+
+    name = "mutant_channels_last_written_contiguous"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        parts = outputs[0]
+        dense = [torch.empty(p.shape, dtype=p.dtype, device=p.device) for p in parts]
+        work = super().allgather([dense], inputs, opts)
+        work.wait()
+        for part, got in zip(parts, dense, strict=True):
+            part.as_strided(part.shape, got.stride()).copy_(got)
+        return work
+
+
 MUTANTS = [
     GatherPermutesRanks,
     UnevenAllToAllOffByOne,
@@ -110,5 +126,6 @@ MUTANTS = [
     StorageOffsetIgnored,
     UnwrittenOnRankOne,
     CoalescedSumsUnderAnyOp,
+    ChannelsLastWrittenContiguous,
 ]
 register(*MUTANTS)

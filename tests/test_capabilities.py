@@ -29,6 +29,7 @@ python_backends = pytest.mark.skipif(
         RuntimeError("Invalid scalar type"),
         ValueError("Backend xccl does not support allgather_coalesced"),
         RuntimeError("reduce does not support\x02on complex tensors"),
+        ValueError("monitored_barrier is only implemented for GLOO backend."),
         NotImplementedError(),
     ],
     ids=str,
@@ -131,6 +132,12 @@ MUTANTS = [
     ("mutant_storage_offset_ignored", "test_operations.py", "test_broadcast", "*broadcast from group rank*"),
     ("mutant_unwritten_on_rank_1", "test_operations.py", "test_all_gather_list", "*never written*"),
     ("mutant_coalesced_sums_under_any_op", "test_operations.py", "coalesced", "*over * ranks of*"),
+    (
+        "mutant_channels_last_written_contiguous",
+        "test_operations.py",
+        "channels_last",
+        "*channels_last all_gather: rank * part on rank*",
+    ),
 ]
 
 
@@ -218,3 +225,40 @@ def test_torch_fake_backend_fails_loudly(pytester: pytest.Pytester) -> None:
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*never written*"])
+
+
+@pytest.mark.skipif(
+    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13),
+    reason=f"gloo on torch {torch.__version__} has bugs the suites catch (README): checked on 2.13",
+)
+def test_one_rank_is_a_world_size(pytester: pytest.Pytester) -> None:
+    """`--gpus 1` has no other world size: every conformance test runs at one rank or is N/A, saying so
+    (point-to-point needs a peer)."""
+    copy_conformance(
+        pytester.path,
+        ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py", "test_reduce_scatter.py"),
+    )
+    result = pytester.runpytest("--world-sizes", "1", "-p", "no:cacheprovider", "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("error", 0) == 0, result.stdout.str()[-3000:]
+    assert outcomes.get("passed", 0) >= 20
+    result.stdout.fnmatch_lines(["*1 ranks: *"])
+    skips = [line for line in result.stdout.lines if line.startswith("SKIPPED")]
+    assert skips and all("N/A: gloo supports no" in line for line in skips), skips
+
+
+def test_the_node_report_holds_the_capability_matrix(pytester: pytest.Pytester) -> None:
+    copy_conformance(pytester.path, ("test_operations.py",))
+    result = pytester.runpytest(
+        "test_operations.py", "-k", "test_broadcast", "--world-sizes", "2", "--node-report", "report",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    report = json.loads((pytester.path / "report" / "report.json").read_text())
+    rows = {(c["operation"], c["dtype"], c["reduce_op"]): c for c in report["capabilities"]["cells"]}
+    assert (
+        report["capabilities"]["backend"] == "gloo" and rows["broadcast", "float32", "-"]["status"] == "PASS"
+    )
+    check = next(c for c in report["checks"] if c["name"] == "capability matrix")
+    assert check["status"] == "PASS" and check["reason"].startswith("gloo (")
+    assert "<td>broadcast</td>" in (pytester.path / "report" / "report.html").read_text()

@@ -317,3 +317,49 @@ def test_the_published_schema_validates_report_json_with_plain_jsonschema(gpu_re
     report["verdict"] = "MAYBE"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(report, schema)
+
+
+def capability_matrix(failing: bool) -> dict:
+    cells = [
+        {"operation": "all_reduce", "dtype": "float32", "reduce_op": "sum", "status": "PASS", "passed": 9,
+         "failed": 0},
+        {"operation": "all_reduce", "dtype": "int32", "reduce_op": "band", "status": "N/A", "passed": 0,
+         "failed": 0, "reason": "Cannot use ReduceOp.BAND with NCCL"},
+        {"operation": "all_gather_single_stacked", "dtype": "float16", "reduce_op": "-",
+         "status": "FAIL" if failing else "untested", "passed": 0, "failed": 2 if failing else 0},
+    ]  # fmt: skip
+    if failing:
+        cells[2]["first_failure"] = "suites/conformance/test_reduce_scatter.py::test_x[ws2] (2 ranks)"
+    return {"backend": "nccl", "backend_version": "NCCL 2.27.3", "torch": "2.13.0", "world_sizes": [1, 2],
+            "cells": cells}  # fmt: skip
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_the_capability_matrix_is_a_check_in_every_output(tmp_path, failing):
+    data = cpu_data()
+    data["capabilities"] = capability_matrix(failing)
+    files = write_report(tmp_path, data)
+    report = read_json(files)
+    assert report["capabilities"] == data["capabilities"]  # the matrix itself, for a vendor to diff
+    check = next(c for c in report["checks"] if c["name"] == "capability matrix")
+    assert check["status"] == ("FAIL" if failing else "PASS") and report["verdict"] == check["status"]
+    assert check["reason"].startswith("nccl (NCCL 2.27.3, torch 2.13.0) at world sizes 1, 2: 1 PASS")
+    assert check["details"]["table"]["rows"] == [
+        ["all_gather_single_stacked", "", "f16" if failing else "", "", "" if failing else "f16"],
+        ["all_reduce band", "", "", "i32", ""],
+        ["all_reduce sum", "f32", "", "", ""],
+    ]
+    if failing:
+        assert "all_gather_single_stacked float16 - gave wrong results (suites/" in check["reason"]
+    assert "<td>all_reduce band</td>" in files["report.html"].read_text()
+    assert "| all_reduce sum | f32 |" in files["report.md"].read_text()
+
+
+def test_a_report_without_conformance_tests_has_no_matrix_check(tmp_path):
+    data = cpu_data()
+    data["capabilities"] = None
+    report = read_json(write_report(tmp_path, data))
+    assert "capability matrix" not in {c["name"] for c in report["checks"]}
+    data["capabilities"] = {**capability_matrix(False), "cells": "all of them"}
+    with pytest.raises(node_report.ReportError, match="capabilities.cells"):
+        write_report(tmp_path, data)

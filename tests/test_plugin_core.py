@@ -472,7 +472,7 @@ def test_unpicklable_argument_is_a_clear_failure(pytester: pytest.Pytester) -> N
         (["--gpus", "2"], "--gpus 2: no CUDA GPU found on this machine*"),
         (["--backend", "nccl"], "--backend nccl needs GPUs*"),
         (["--backend", "mpi"], "--backend mpi: this torch has no 'mpi' backend*"),
-        (["--world-sizes", "0,2"], "--world-sizes 0,2: every world size must be at least 2 ranks"),
+        (["--world-sizes", "0,2"], "--world-sizes 0,2: every world size must be at least 1 rank"),
         (["--world-sizes", "2,2"], "--world-sizes 2,2: a world size is listed twice*"),
         (["--world-sizes", "2,x"], "--world-sizes 2,x: expected comma-separated whole numbers*"),
         (["--dist-timeout", "0"], "--dist-timeout 0: the timeout must be a positive number*"),
@@ -487,11 +487,11 @@ def test_usage_errors_are_one_line(pytester: pytest.Pytester, args: list[str], m
 
 
 def test_ini_options_are_validated_too(pytester: pytest.Pytester) -> None:
-    pytester.makeini("[pytest]\nworld_sizes = 1,2\n")
+    pytester.makeini("[pytest]\nworld_sizes = 0,2\n")
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --world-sizes 1,2: every world size must be at least 2 ranks"])
+    result.stderr.fnmatch_lines(["ERROR: --world-sizes 0,2: every world size must be at least 1 rank"])
 
 
 # --- whole sessions in their own processes ---------------------------------------------------------

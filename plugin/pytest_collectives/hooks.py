@@ -15,10 +15,11 @@ import os
 
 import pytest
 
+from pytest_collectives.conformance import known_bugs
 from pytest_collectives.conformance.matrix import CapabilityMatrix
 from pytest_collectives.execution import options, spmd
 from pytest_collectives.execution import xdist as xdist_support
-from pytest_collectives.execution.session import DistributedSession, Launcher, pg, world_size
+from pytest_collectives.execution.session import DistributedSession, Launcher, pg, settings_of, world_size
 from pytest_collectives.gate import plugin as gate
 from pytest_collectives.nodereport import collect as session_report
 
@@ -44,10 +45,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write the conformance capability matrix (operation x dtype x reduce op) as JSON to PATH",
     )
     group.addoption(
+        "--known-bugs",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="a JSON manifest of known backend bugs (tests that are strict xfails on named backends); "
+        "repeatable; ini: known_bugs",
+    )
+    parser.addini("known_bugs", "JSON manifests of known backend bugs", type="paths", default=[])
+    group.addoption(
         "--node-report",
         metavar="DIR",
         help="write a node validation report (report.html, report.json, plots) into DIR",
     )
+
+
+_KNOWN_BUGS = pytest.StashKey[list[known_bugs.KnownBug]]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    known_bugs.mark(items, settings_of(config).backend, config.stash.get(_KNOWN_BUGS, []))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,6 +86,11 @@ def pytest_configure(config: pytest.Config) -> None:
             settings = spmd.settings_for(values, env, options.count_cuda_gpus)
         xdist_support.configure(config, settings, os.environ)
     except (options.OptionError, spmd.SpmdError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    manifests = [*config.getini("known_bugs"), *config.getoption("known_bugs")]
+    try:
+        config.stash[_KNOWN_BUGS] = [bug for path in manifests for bug in known_bugs.load(path)]
+    except known_bugs.ManifestError as exc:
         raise pytest.UsageError(str(exc)) from None
     if env is None:
         from pytest_collectives.execution.pooled import PooledLauncher

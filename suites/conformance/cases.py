@@ -67,10 +67,10 @@ def supported_cells(
     ]
 
 
-def applicable(operations: Sequence[str], reduces: bool = False, together: bool = False) -> bool:
-    """Whether any of ``operations`` (all of them at once, with ``together``) has a supported cell: the
-    conftest skips a test as N/A otherwise."""
-    ops = REDUCE_OPS if reduces else [NO_OP]
+def applicable(operations: Sequence[str], together: bool = False) -> bool:
+    """Whether any of ``operations`` (all of them at once, with ``together``) has a supported cell, with
+    any reduce op or none: the conftest skips a test as N/A otherwise."""
+    ops = [*REDUCE_OPS, NO_OP]
     if together:
         return bool(supported_cells(operations, DTYPES, ops))
     found = caps.active()

@@ -19,7 +19,7 @@ _PROBED = pytest.StashKey[dict[int, caps.Capabilities]]()  # per world size, for
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "needs(*operations, reduces=False, together=False): the test is N/A where the backend supports none "
+        "needs(*operations, together=False): the test is N/A where the backend supports none "
         "of the operations (with together: not all of them with one dtype and op)",
     )
 

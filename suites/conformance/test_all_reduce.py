@@ -52,7 +52,7 @@ def check_against_reference(pg, case: Case) -> None:
 # One test per family, each with its own examples: drawn from one pool, the rings got too few of them to
 # be sure of meeting each op (a planted MIN-as-MAX in the rings went unseen in 160 examples).
 @pytest.mark.world_size()
-@pytest.mark.needs("all_reduce", reduces=True)
+@pytest.mark.needs("all_reduce")
 @given(case=reductions(["all_reduce"]))
 def test_backend_all_reduce_matches_exact_reference(pg, case):
     """Every reduce op the backend supports, AVG and PREMUL_SUM included."""
@@ -60,14 +60,14 @@ def test_backend_all_reduce_matches_exact_reference(pg, case):
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs("reduce_broadcast", "reduce_scatter_all_gather", reduces=True)
+@pytest.mark.needs("reduce_broadcast", "reduce_scatter_all_gather")
 @given(case=reductions(["reduce_broadcast", "reduce_scatter_all_gather"]))
 def test_decomposition_matches_exact_reference(pg, case):
     check_against_reference(pg, case)
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs(*RING_ALL_REDUCES, reduces=True)
+@pytest.mark.needs(*RING_ALL_REDUCES)
 @given(case=reductions(RING_ALL_REDUCES))
 def test_ring_matches_exact_reference(pg, case):
     """The rings implement every reduce op but PREMUL_SUM themselves: all of them, on every backend."""
@@ -75,7 +75,7 @@ def test_ring_matches_exact_reference(pg, case):
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs(*DECOMPOSITIONS, reduces=True, together=True)
+@pytest.mark.needs(*DECOMPOSITIONS, together=True)
 @given(case=reductions(DECOMPOSITIONS, together=True))
 def test_decompositions_agree_with_each_other(pg, case):
     """Exact dtypes and ops must agree bit for bit; rounding may differ only within the reference bound."""
@@ -92,7 +92,7 @@ def test_decompositions_agree_with_each_other(pg, case):
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs("all_reduce", "broadcast", reduces=True)
+@pytest.mark.needs("all_reduce", "broadcast")
 @given(case=reductions(["all_reduce"], dtypes=FLOATS + [torch.int32], members=st.none()))
 def test_async_op_with_wait(pg, case):
     """async_op=True returns a Work whose wait() leaves the same result the blocking call gives, and whose
@@ -111,12 +111,6 @@ def test_async_op_with_wait(pg, case):
 
 
 @pytest.mark.world_size(2)
-@pytest.mark.backend_bug(
-    "gloo",
-    "refgloo",  # the reference backends hand all_reduce to gloo
-    "refgloo_nccl_rules",
-    reason="all_reduce on a non-contiguous tensor silently reduces the wrong elements (torch 2.13)",
-)
 def test_backend_all_reduce_on_a_strided_view(pg):
     """The backend's own all_reduce must reduce a strided view's elements or refuse the view."""
     inputs = [rank_input(pg.seed, r, 64, torch.float32) for r in range(pg.world_size)]

@@ -2,8 +2,8 @@
 
 Inputs are distinct per rank and element (rank_input), outputs start as a sentinel no input holds (NaN,
 or 0 for integers), so an element the backend never wrote is counted apart from a wrong one. Inputs come
-contiguous, strided or at a storage offset. Each rank checks what it received, and the plugin reports any
-rank's failure: nothing is judged on rank 0 alone.
+contiguous, strided, at a storage offset or channels_last. Each rank checks what it received, and the
+plugin reports any rank's failure: nothing is judged on rank 0 alone.
 """
 
 from __future__ import annotations
@@ -11,11 +11,23 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from cases import DENSE, FLOATS, Calls, assert_moved, group_of, laid_out, movements, reductions, sentinel
+from cases import (
+    DENSE,
+    FLOATS,
+    Calls,
+    assert_moved,
+    cases,
+    group_of,
+    laid_out,
+    movements,
+    reductions,
+    sentinel,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
+from pytest_collectives.conformance.capabilities import NO_OP, REDUCE_OPS
 
 # split sizes an all_to_all_single sends from rank i to rank j: drawn for 8 x 8 and folded onto the group
 SPLITS = st.lists(st.lists(st.integers(0, 40), min_size=8, max_size=8), min_size=8, max_size=8)
@@ -29,7 +41,7 @@ def _members(pg, case):
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs("reduce", reduces=True)
+@pytest.mark.needs("reduce")
 @given(case=reductions(["reduce"], layouts=DENSE))
 def test_reduce(pg, case):
     """The root holds the reduction; other ranks' buffers are unspecified (torch documents only dst's)."""
@@ -76,7 +88,7 @@ def test_all_gather_list(pg, case):
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs("reduce_scatter", reduces=True)
+@pytest.mark.needs("reduce_scatter")
 @given(case=reductions(["reduce_scatter"], sizes=st.integers(0, 2000), layouts=DENSE))
 def test_reduce_scatter_list(pg, case):
     found = _members(pg, case)
@@ -122,6 +134,44 @@ def test_all_to_all_list(pg, case):
         assert_moved(outputs[i], chunks[i][me], f"all_to_all: from rank {i} on rank {me}")
 
 
+# (N, C, H, W) with C > 1 and H * W > 1, so that channels_last and contiguous strides differ
+SHAPES = st.tuples(st.integers(1, 3), st.integers(2, 6), st.integers(2, 4), st.integers(1, 4))
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("all_reduce", "broadcast", "all_gather")
+@given(
+    case=cases(["all_reduce", "broadcast", "all_gather"], ops=(*REDUCE_OPS, NO_OP), members=st.none()),
+    shape=SHAPES,
+)
+def test_channels_last_is_read_and_written_as_laid_out(pg, case, shape):
+    """channels_last tensors (pytorch issue 163483): the values in logical order, the strides kept; a
+    backend that reads or writes the storage as if it were contiguous permutes the elements."""
+    n, me, (name,) = pg.world_size, pg.rank, case.operations
+    inputs = [rank_input(pg.seed, r, shape, case.dtype) for r in range(n)]
+
+    def laid(x: torch.Tensor) -> torch.Tensor:
+        return x.to(pg.device).contiguous(memory_format=torch.channels_last)
+
+    mine = laid(inputs[me])
+    strides = mine.stride()
+    if name == "all_reduce":
+        dist.all_reduce(mine, op=reduce_op(case.op))
+        assert_reduced_close(mine, inputs, case.op)
+    elif name == "broadcast":
+        root = case.root % n
+        mine = mine if me == root else laid(sentinel(shape, case.dtype, "cpu"))
+        dist.broadcast(mine, src=root)
+        assert_moved(mine, inputs[root], f"channels_last broadcast from rank {root} on rank {me}")
+    else:
+        outputs = [laid(sentinel(shape, case.dtype, "cpu")) for _ in range(n)]
+        dist.all_gather(outputs, mine)
+        for i, out in enumerate(outputs):
+            assert out.stride() == strides, f"all_gather: rank {i}'s part lost its channels_last strides"
+            assert_moved(out, inputs[i], f"channels_last all_gather: rank {i}'s part on rank {me}")
+    assert mine.stride() == strides, f"{name} changed the strides {strides} to {mine.stride()}"
+
+
 @pytest.mark.world_size()
 @pytest.mark.needs("gather")
 @given(case=movements(["gather"]))
@@ -155,12 +205,12 @@ def test_scatter(pg, case):
     assert_moved(output, parts[me], f"scatter from group rank {root} on group rank {me}")
 
 
+PAYLOADS = st.recursive(st.none() | st.integers() | st.text(max_size=20), st.lists, max_leaves=8)
+
+
 @pytest.mark.world_size()
 @pytest.mark.needs("all_gather_object", "broadcast_object_list")
-@given(
-    calls=st.just(Calls(("all_gather_object", "broadcast_object_list"))),
-    payload=st.recursive(st.none() | st.integers() | st.text(max_size=20), st.lists, max_leaves=8),
-)
+@given(calls=st.just(Calls(("all_gather_object", "broadcast_object_list"))), payload=PAYLOADS)
 def test_object_collectives(pg, calls, payload):
     """Objects of every rank arrive whole and in rank order; the root's list replaces every other one."""
     n, me = pg.world_size, pg.rank
@@ -174,8 +224,39 @@ def test_object_collectives(pg, calls, payload):
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs("barrier")
-@pytest.mark.parametrize("calls", [Calls(("barrier",))], ids=["barrier"])
+@pytest.mark.needs("gather_object")
+@given(calls=st.just(Calls(("gather_object",))), payload=PAYLOADS, root=st.integers(0, 7))
+def test_gather_object(pg, calls, payload, root):
+    """The root's list holds every rank's object in rank order; the other ranks' lists are left alone."""
+    n, me, root = pg.world_size, pg.rank, root % pg.world_size
+    gathered = [None] * n if me == root else None
+    dist.gather_object([me, payload], gathered, dst=root)
+    if me == root:
+        assert gathered == [[r, payload] for r in range(n)]
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("scatter_object_list")
+@given(calls=st.just(Calls(("scatter_object_list",))), payload=PAYLOADS, root=st.integers(0, 7))
+def test_scatter_object_list(pg, calls, payload, root):
+    """Rank i receives the root's i-th object."""
+    n, me, root = pg.world_size, pg.rank, root % pg.world_size
+    received = [None]
+    dist.scatter_object_list(received, [[i, payload] for i in range(n)] if me == root else None, src=root)
+    assert received == [[me, payload]]
+
+
+def _monitored_barrier() -> None:
+    dist.monitored_barrier(wait_all_ranks=True)
+
+
+BARRIERS = {"barrier": dist.barrier, "monitored_barrier": _monitored_barrier}
+
+
+@pytest.mark.world_size()
+@pytest.mark.parametrize(
+    "calls", [pytest.param(Calls((name,)), marks=pytest.mark.needs(name), id=name) for name in BARRIERS]
+)
 def test_barrier_orders_the_ranks(pg, calls):
     """No rank leaves a barrier before every rank entered it: each writes its mark before the barrier
     into a shared file, and each finds every mark after it."""
@@ -184,18 +265,19 @@ def test_barrier_orders_the_ranks(pg, calls):
 
     if pg.node_of(pg.world_size - 1) != pg.node_of(0):
         pytest.skip("the ranks share no file system across nodes")
+    barrier = BARRIERS[calls.operations[0]]
     path = os.path.join(tempfile.gettempdir(), f"collectives-barrier-{pg.seed}")
     with open(f"{path}.{pg.rank}", "w") as mark:
         mark.write("in")
-    dist.barrier()
+    barrier()
     missing = [r for r in range(pg.world_size) if not os.path.exists(f"{path}.{r}")]
-    dist.barrier()
+    barrier()
     os.unlink(f"{path}.{pg.rank}")
     assert not missing, f"rank {pg.rank} left the barrier before ranks {missing} entered it"
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs("all_reduce", reduces=True)
+@pytest.mark.needs("all_reduce")
 @given(
     case=reductions(["all_reduce"], dtypes=FLOATS + [torch.int32], members=st.none()), count=st.integers(1, 4)
 )

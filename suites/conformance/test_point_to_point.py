@@ -1,12 +1,15 @@
 """Point-to-point semantics from the torch.distributed tutorial (seed 002): what is sent is received,
-bit for bit, by blocking send/recv, by isend/irecv after wait(), and by batch_isend_irecv."""
+bit for bit, by blocking send/recv, by isend/irecv after wait(), and by batch_isend_irecv (one pair, a
+ring shift, every pair at once), addressed by global rank or by group rank inside a subgroup."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch.distributed as dist
-from cases import SIZES, assert_moved, movements, sentinel
-from hypothesis import given
+from cases import SIZES, assert_moved, group_of, movements, sentinel
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms.reference import rank_input
@@ -59,3 +62,46 @@ def test_ring_exchange_both_directions_at_once(pg, case):
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     assert_moved(inbox, rank_input(pg.seed, left, size, dtype), f"rank {me} receiving from rank {left}")
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("send_recv")
+@given(case=movements(["send_recv"], sizes=SIZES))
+def test_all_pairs_exchange_in_one_batch(pg, case):
+    """Every rank sends its own payload to every other rank and receives from each in one batch: n - 1
+    sends and n - 1 receives per rank, posted in an order that differs between the ranks."""
+    n, me, dtype, size = pg.world_size, pg.rank, case.dtype, case.size
+    peers = [(me + k) % n for k in range(1, n)]
+    inboxes = {peer: sentinel(size, dtype, pg.device) for peer in peers}
+    payloads = {peer: rank_input(pg.seed, me * 64 + peer, size, dtype).to(pg.device) for peer in peers}
+    ops = [dist.P2POp(dist.irecv, inboxes[peer], peer) for peer in reversed(peers)]
+    ops += [dist.P2POp(dist.isend, payloads[peer], peer) for peer in peers]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    for peer in peers:
+        assert_moved(
+            inboxes[peer], rank_input(pg.seed, peer * 64 + me, size, dtype), f"rank {me} from {peer}"
+        )
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("send_recv")
+@given(case=movements(["send_recv"], sizes=SIZES), pair=st.tuples(st.integers(0, 7), st.integers(1, 7)))
+def test_send_recv_by_group_rank_in_a_subgroup(pg, case, pair):
+    """send(group_dst=)/recv(group_src=) inside a subgroup address group ranks, not global ones."""
+    if "group_dst" not in inspect.signature(dist.send).parameters:
+        pytest.skip("this torch has no group_dst/group_src (torch 2.6 and later)")
+    group, ranks = group_of(pg, case.members)
+    assume(len(ranks) >= 2)  # every rank draws the same members, so every rank rejects together
+    if group is None:
+        return
+    n, me = len(ranks), ranks.index(pg.rank)
+    src = pair[0] % n
+    dst = (src + pair[1] % (n - 1) + 1) % n
+    sent = rank_input(pg.seed, ranks[src], case.size, case.dtype)
+    if me == src:
+        dist.send(sent.to(pg.device), group=group, group_dst=dst)
+    elif me == dst:
+        inbox = sentinel(case.size, case.dtype, pg.device)
+        dist.recv(inbox, group=group, group_src=src)
+        assert_moved(inbox, sent, f"group rank {dst} (rank {ranks[dst]}) receiving from group rank {src}")

@@ -81,6 +81,10 @@ def _all_gather_single(t: torch.Tensor, n: int, op: Any) -> None:
     all_gather_single(t.new_empty(n * t.numel()), t)
 
 
+def _all_gather_single_stacked(t: torch.Tensor, n: int, op: Any) -> None:
+    all_gather_single(t.new_empty(n, t.numel()), t)
+
+
 def _all_to_all_single(t: torch.Tensor, n: int, op: Any) -> None:
     dist.all_to_all_single(torch.empty_like(t), t)
 
@@ -116,6 +120,7 @@ DATA_OPERATIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
     "broadcast": _broadcast,
     "all_gather": _all_gather,
     "all_gather_single": _all_gather_single,
+    "all_gather_single_stacked": _all_gather_single_stacked,  # output (n, numel): a row of its own
     "all_to_all_single": _all_to_all_single,
     "all_to_all": _all_to_all,
     "gather": _gather,
@@ -132,7 +137,7 @@ class _NeedsPeers(Exception):
 # associated with device type" is what c10d raises for a call a Python ProcessGroup does not override.)
 _REFUSALS = re.compile(
     r"does not support|not supported|unsupported|cannot use reduceop|invalid (scalar )?type|"
-    r"not implemented|no support|is only supported|no backend type associated",
+    r"not implemented|no support|is only (supported|implemented)|no backend type associated",
     re.IGNORECASE,
 )
 
@@ -180,6 +185,12 @@ _WHOLE_GROUP: dict[str, Callable[[Any, int, Any], object]] = {
     "monitored_barrier": lambda _, n, __: dist.monitored_barrier(),
     "all_gather_object": lambda _, n, __: dist.all_gather_object([None] * n, dist.get_rank()),
     "broadcast_object_list": lambda _, n, __: dist.broadcast_object_list([dist.get_rank()], src=0),
+    "gather_object": lambda _, n, __: dist.gather_object(
+        dist.get_rank(), [None] * n if dist.get_rank() == 0 else None, dst=0
+    ),
+    "scatter_object_list": lambda _, n, __: dist.scatter_object_list(
+        [None], list(range(n)) if dist.get_rank() == 0 else None, src=0
+    ),
 }
 
 

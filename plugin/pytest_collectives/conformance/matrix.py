@@ -22,6 +22,7 @@ from pytest_collectives.atomic import write_atomic
 from pytest_collectives.conformance.capabilities import DTYPES, Capabilities, Cell, dtype_name
 
 PASS, FAIL, NA, UNTESTED = "PASS", "FAIL", "N/A", "untested"
+STATUSES = (PASS, FAIL, NA, UNTESTED)
 _MARK = {PASS: "P", FAIL: "F", NA: ".", UNTESTED: "-"}
 _SHORT = {
     "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "complex64": "c64",
@@ -29,6 +30,11 @@ _SHORT = {
     "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "bool", "float8_e4m3fn": "f8e4",
     "float8_e5m2": "f8e5", "-": "-",
 }  # fmt: skip
+
+
+def short_dtype(name: str) -> str:
+    """f16, bf16, i32, ...: a dtype's name short enough for a column."""
+    return _SHORT.get(name, name)
 
 
 @dataclasses.dataclass
@@ -128,7 +134,7 @@ def grid(doc: dict[str, Any], marks: dict[str, str], sep: str) -> list[str]:
     head = f"{doc['backend']} ({doc['backend_version']}), torch {doc['torch']}, world sizes "
     legend = ", ".join(f"{mark} {status}" for status, mark in marks.items())
     lines = [head + ",".join(map(str, doc["world_sizes"])) + f"; {legend}"]
-    lines.append(sep.join([f"{'operation op':<{width}}", *(f"{_SHORT.get(d, d):>4}" for d in dtypes)]))
+    lines.append(sep.join([f"{'operation op':<{width}}", *(f"{short_dtype(d):>4}" for d in dtypes)]))
     for (operation, op), cells in sorted(by_row.items()):
         name = operation if op == "-" else f"{operation} {op}"
         lines.append(sep.join([f"{name:<{width}}", *(f"{cells.get(d, ''):>4}" for d in dtypes)]))

@@ -7,7 +7,9 @@ import importlib
 from collections.abc import Callable
 
 CPU_WORLD_SIZES = (2, 3, 4)  # an odd size catches ring off-by-ones; 4 ranks still fit 2 cores
-GPU_WORLD_SIZES = (2, 3, 4, 8)
+# One rank is a world size too: NCCL has had one-rank bugs (issue 1950, a bf16 AVG tail left unreduced),
+# and with --gpus 1 it is the only one.
+GPU_WORLD_SIZES = (1, 2, 3, 4, 8)
 DEFAULT_TIMEOUT_S = 120.0
 
 # (name, help, default as ini text)
@@ -110,15 +112,15 @@ def _world_sizes(text: str, gpus: int) -> tuple[int, ...]:
     if not text:
         if not gpus:
             return CPU_WORLD_SIZES
-        return tuple(sorted({n for n in GPU_WORLD_SIZES if n <= gpus} | ({gpus} if gpus >= 2 else set())))
+        return tuple(sorted({n for n in GPU_WORLD_SIZES if n <= gpus} | {gpus}))
     try:
         sizes = [int(part) for part in text.split(",")]
     except ValueError:
         raise OptionError(
             f"--world-sizes {text}: expected comma-separated whole numbers, e.g. --world-sizes 2,3,4"
         ) from None
-    if any(n < 2 for n in sizes):
-        raise OptionError(f"--world-sizes {text}: every world size must be at least 2 ranks")
+    if any(n < 1 for n in sizes):
+        raise OptionError(f"--world-sizes {text}: every world size must be at least 1 rank")
     if len(set(sizes)) != len(sizes):
         raise OptionError(f"--world-sizes {text}: a world size is listed twice; list each once")
     if gpus and max(sizes) > gpus:

@@ -92,7 +92,7 @@ def parametrize_world_size(
         for n in sizes
     ]
     if not params:
-        reason = f"no world size to run: no configured size of 2 or more ranks fits in {limit}"
+        reason = f"no world size to run: no configured world size fits in {limit}"
         params = [pytest.param(0, id="ws0", marks=pytest.mark.skip(reason=reason))]
     if "world_size" not in metafunc.fixturenames:
         metafunc.fixturenames.append("world_size")

@@ -174,7 +174,9 @@ def settings_for(values: dict[str, str], env: SpmdEnv, count_gpus: Callable[[], 
     if values["world_sizes"]:
         sizes = options._world_sizes(values["world_sizes"], 0)
     else:
-        sizes = tuple(sorted({n for n in options.GPU_WORLD_SIZES if n <= env.world_size} | {env.world_size}))
+        sizes = tuple(
+            sorted({n for n in options.GPU_WORLD_SIZES if 1 < n <= env.world_size} | {env.world_size})
+        )
     modules = options.backend_modules(values["backend_module"])
     return options.Settings(
         gpus=gpus,

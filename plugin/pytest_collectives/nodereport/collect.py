@@ -202,12 +202,18 @@ class NodeReport:
                 ],  # fmt: skip
             },
             "tests": {**self.counts, "failures": self.failures},
+            "capabilities": self._capabilities(),
         }
         try:
             self.written = write_report(self.directory, data)
         except (ReportError, OSError) as exc:
             self.error = f"node report not written: {exc}"
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _capabilities(self) -> dict[str, Any] | None:
+        """The conformance suites' capability matrix, where a conformance test probed a group."""
+        matrix = self.config.pluginmanager.get_plugin("collectives-capabilities")
+        return matrix.document() if matrix is not None and matrix.probes else None
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.written:

@@ -152,6 +152,8 @@ def report_checks(data: Mapping[str, Any]) -> list[Check]:
     links, the test run, the benchmark baseline."""
     health = preflight.preflight_checks(data["preflight"]) if data.get("preflight") else []
     run = [_test_check(data["tests"]), _benchmark_check(data["baseline"])]
+    if data.get("capabilities"):
+        run.append(_capability_check(data["capabilities"]))
     return [*health, *_link_checks(data["p2p"]), *_host_device_checks(data.get("host_device")), *run]
 
 
@@ -261,6 +263,46 @@ def _test_check(tests: Mapping[str, Any]) -> Check:
             "test run", WARN, f"{summary}: no test passed, so nothing was verified on this node.", counts
         )
     return Check("test run", PASS, f"{summary}.", counts)
+
+
+def _capability_check(matrix: Mapping[str, Any]) -> Check:
+    """The capability matrix as one verdict: FAIL where any cell failed, with the whole matrix as a table
+    (a row per operation and reduce op, the dtypes of each status), so every output of the report has it."""
+    from pytest_collectives.conformance.matrix import FAIL as CELL_FAIL
+    from pytest_collectives.conformance.matrix import STATUSES, short_dtype
+
+    rows: dict[tuple[str, str], dict[str, list[str]]] = {}
+    counts = dict.fromkeys(STATUSES, 0)
+    for cell in matrix["cells"]:
+        by_status = rows.setdefault((cell["operation"], cell["reduce_op"]), {s: [] for s in STATUSES})
+        by_status[cell["status"]].append(short_dtype(cell["dtype"]))
+        counts[cell["status"]] += 1
+    details: dict[str, Any] = {
+        "backend": matrix["backend"],
+        **counts,
+        TABLE: {
+            "columns": ["Operation", *STATUSES],
+            "rows": [
+                [op if redop == "-" else f"{op} {redop}", *(" ".join(found[s]) for s in STATUSES)]
+                for (op, redop), found in sorted(rows.items())
+            ],
+        },
+    }
+    where = (
+        f"{matrix['backend']} ({matrix['backend_version']}, torch {matrix['torch']}) at world sizes "
+        f"{', '.join(map(str, matrix['world_sizes']))}: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES)
+    )
+    failed = [c for c in matrix["cells"] if c["status"] == CELL_FAIL]
+    if failed:
+        first = failed[0]
+        return Check(
+            "capability matrix",
+            FAIL,
+            f"{where}. {first['operation']} {first['dtype']} {first['reduce_op']} gave wrong results "
+            f"({first.get('first_failure', '')}): the failing tests are listed below.",
+            details,
+        )
+    return Check("capability matrix", PASS, f"{where}; nothing supported gave a wrong result.", details)
 
 
 def _benchmark_check(baseline: Mapping[str, Any]) -> Check:

@@ -1,0 +1,86 @@
+"""Known backend bugs kept outside test code: a manifest makes a test a strict xfail on the backends it
+names, a fix shows up as XPASS, and a manifest that can't be used is a one-line usage error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_collectives.conformance.known_bugs import ManifestError, load
+
+SUITES = Path(__file__).parent.parent / "suites"
+
+TESTS = """
+def test_wrong_on_gloo():
+    assert 1 + 1 == 3
+
+def test_right():
+    pass
+"""
+
+
+def manifest(path: Path, *entries: dict) -> Path:
+    path.write_text(json.dumps({"known_bugs": list(entries)}))
+    return path
+
+
+def bug(test: str, backends=("gloo",), reason: str = "wrong on purpose") -> dict:
+    return {"backends": list(backends), "test": test, "reason": reason}
+
+
+def test_a_known_bug_is_a_strict_xfail_on_the_backends_it_names(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_user=TESTS)
+    path = manifest(pytester.path / "bugs.json", bug("test_wrong_on_gloo"))
+    result = pytester.runpytest("--known-bugs", str(path), "-rx")
+    result.assert_outcomes(passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["XFAIL test_user.py::test_wrong_on_gloo - known gloo bug (bugs.json): *"])
+    # another backend's bug leaves the test as it is; a fixed bug is an XPASS that fails the run
+    manifest(path, bug("test_wrong_on_gloo", backends=["nccl"]), bug("test_user.py::test_right*"))
+    result = pytester.runpytest("--known-bugs", str(path))
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["[[]XPASS(strict)[]] known gloo bug*"])
+
+
+def test_the_ini_key_names_manifests_too(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_user=TESTS)
+    manifest(pytester.path / "bugs.json", bug("test_wrong_on_gloo"))
+    pytester.makeini("[pytest]\nknown_bugs = bugs.json\n")
+    pytester.runpytest().assert_outcomes(passed=1, xfailed=1)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        ("{", "not readable JSON"),
+        ("[]", 'expected {"known_bugs": [...]} at the top'),
+        ({"known_bugs": [{"test": "t", "reason": "r"}]}, "known_bugs[0] must have exactly the keys"),
+        ({"known_bugs": [bug("t", backends=[])]}, "known_bugs[0].backends must be a non-empty list"),
+        ({"known_bugs": [bug("t"), bug(" ")]}, "known_bugs[1].test must be non-empty text"),
+        ({"known_bugs": [bug("t", reason="")]}, "known_bugs[0].reason must be non-empty text"),
+    ],
+)
+def test_a_bad_manifest_is_a_one_line_usage_error(pytester: pytest.Pytester, content, message) -> None:
+    path = pytester.path / "bugs.json"
+    if content is not None:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(ManifestError, match=message.replace("[", r"\[").replace("{", r"\{")):
+        load(path)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--known-bugs", str(path))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: known bugs {path}: *"])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_the_suites_own_manifest_loads_and_names_tests_that_exist():
+    names = {
+        line.split("def ", 1)[1].split("(", 1)[0]
+        for path in (SUITES / "conformance").glob("test_*.py")
+        for line in path.read_text().splitlines()
+        if line.startswith("def test_")
+    }
+    bugs = load(SUITES / "known_bugs.json")
+    assert bugs and all(b.test in names for b in bugs)
