@@ -440,7 +440,7 @@ def _judge_families(
     precision: the quiet ones say most) less the median of everyone else's, in this run and in each
     baseline sitting. A family that moved together beyond how far that figure moves between the
     baseline's sittings is its own verdict, at ALPHA over the families (a moderated t test, as for one
-    benchmark, with PRIOR_DF pseudo-sittings at the families' typical spread): a P2P regression that is
+    benchmark, the families' typical spread worth the d0 their scatter earns): a P2P regression that is
     60% of the benchmarks would otherwise become the machine factor, with every collective an improvement.
 
     Between sittings, not runs, as for the machine factor: runs of one sitting agree on how one op
@@ -466,13 +466,20 @@ def _judge_families(
     n = len(labels)
     figures = {label: by_sitting([against_rest(run, m) for run in runs]) for label, m in groups.items()}
     df = n - 1.0
-    variance = {label: float(np.var(f, ddof=1)) for label, f in figures.items()}
+    variance = {label: max(float(np.var(f, ddof=1)), MIN_SPREAD**2 / 100) for label, f in figures.items()}
     prior = float(np.median(list(variance.values()))) / float(_chi2_median_over_df(np.array(df)))
-    critical = t_quantile(1 - ALPHA / len(groups), PRIOR_DF + df)
+    # The prior's worth learned as for one benchmark; with too few families to tell, none (each family
+    # on its own sittings): a fixed worth let one gloo op's 59% swing pass for a regression on this VM.
+    d0 = 0.0
+    if len(groups) >= MIN_FOR_PRIOR:
+        v = np.array(list(variance.values()))
+        fit = prior_df(v, np.full(len(v), df), np.full(len(v), prior), np.full(len(v), len(v) - 1))
+        d0 = min(fit, (len(v) - 1) * df)
+    critical = t_quantile(1 - ALPHA / len(groups), d0 + df)
     size = math.log1p(threshold / 2)
     verdicts = []
     for label, members in groups.items():
-        sd = max(math.sqrt((PRIOR_DF * prior + df * variance[label]) / (PRIOR_DF + df)), MIN_SPREAD)
+        sd = max(math.sqrt((d0 * prior + df * variance[label]) / (d0 + df)), MIN_SPREAD)
         effect = against_rest(now, members) - float(np.mean(figures[label]))
         slower = effect / (sd * math.sqrt(1 + 1 / n)) > critical and effect >= size
         verdicts.append(
