@@ -398,6 +398,49 @@ def test_assume_on_the_ranks_rejects_the_example(pytester: pytest.Pytester) -> N
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
+def test_note_and_event_on_the_ranks_reach_the_engine(pytester: pytest.Pytester) -> None:
+    """note() inside a distributed body shows with the minimal failing example (once if every rank noted
+    alike, per rank where they differ), and event() lands in hypothesis' statistics, as in any test."""
+    make(
+        pytester,
+        """
+        from hypothesis import event, given, note, settings, strategies as st
+
+        @pytest.mark.world_size(2)
+        @settings(max_examples=30, deadline=None, database=None)
+        @given(n=st.integers(0, 100))
+        def test_small(pg, n):
+            note(f"every rank drew {n}")
+            note(f"this rank is {pg.rank}")
+            event("big" if n > 10 else "small")
+            assert n <= 10
+        """,
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*rank 0: every rank drew 11", "*rank 0: this rank is 0", "*rank 1: this rank is 1"]
+    )
+    assert "outside of a test" not in result.stdout.str()
+    make(pytester, TEST_EVENTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--hypothesis-show-statistics")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*Events:*", "*%, big", "*%, small"])
+    result.stdout.no_fnmatch_line("*rank 0: *")
+
+
+TEST_EVENTS = """
+from hypothesis import event, given, note, settings, strategies as st
+
+@pytest.mark.world_size(2)
+@settings(max_examples=30, deadline=None, database=None)
+@given(n=st.integers(0, 100))
+def test_counted(pg, n):
+    note(f"drew {n}")
+    event("big" if n > 10 else "small")
+"""
+
+
 def test_subgroups_from_the_pg_fixture(pytester: pytest.Pytester) -> None:
     make(
         pytester,

@@ -227,7 +227,7 @@ def test_object_collectives(pg, calls, payload):
 @pytest.mark.needs("gather_object")
 @given(calls=st.just(Calls(("gather_object",))), payload=PAYLOADS, root=st.integers(0, 7))
 def test_gather_object(pg, calls, payload, root):
-    """The root's list holds every rank's object in rank order; the other ranks' lists are left alone."""
+    """The root's list holds every rank's object in rank order."""
     n, me, root = pg.world_size, pg.rank, root % pg.world_size
     gathered = [None] * n if me == root else None
     dist.gather_object([me, payload], gathered, dst=root)

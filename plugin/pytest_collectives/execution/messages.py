@@ -59,3 +59,6 @@ class RankResult:
     rss_bytes: int = 0
     benchmark: dict[str, Any] | None = None  # per-round maxima across ranks, when the test benchmarked
     returned: Any = None  # what the function returned: tests return None, a probe (session.run_on_ranks) data
+    # hypothesis' note() and event() calls in an example's body: ("note", text, "") or ("event", value,
+    # payload), replayed in the controller's engine, which alone has the example's context
+    noted: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)

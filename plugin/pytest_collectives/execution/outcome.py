@@ -21,6 +21,7 @@ class RankReport:
     stderr: str = ""
     benchmark: dict | None = None
     returned: object = None  # what a probe returned on this rank (session.run_on_ranks)
+    noted: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # note()/event() calls
     dirty: list[str] = dataclasses.field(default_factory=list)  # what the test left unfit on this rank
 
 

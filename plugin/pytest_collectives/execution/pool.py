@@ -193,8 +193,14 @@ class WorkerGroup:
                 if kind == "ready":
                     return RankReport(rank, "passed")
                 results.append(payload)  # type: ignore[union-attr]
-                bench, returned = payload.benchmark, payload.returned
-                return RankReport(rank, payload.outcome, payload.longrepr, benchmark=bench, returned=returned)
+                return RankReport(
+                    rank,
+                    payload.outcome,
+                    payload.longrepr,
+                    benchmark=payload.benchmark,
+                    returned=payload.returned,
+                    noted=payload.noted,
+                )
         except (EOFError, OSError):
             pass
         # The pipe is at EOF or the process is gone: a crash, whether or not the forkserver has

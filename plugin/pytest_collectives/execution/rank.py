@@ -331,8 +331,11 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     if isinstance(kwargs.get("benchmark"), BenchSpec):
         bench = kwargs["benchmark"] = RankBenchmark(kwargs["benchmark"], ctx.device)
     returned = None
+    noted: list[tuple[str, str, str]] = []
     try:
-        returned = test()(**kwargs)
+        fn = test()  # imported outside the example's context: a module's @given must not see one
+        with _hypothesis_calls(noted) if task.hypothesis_inner else contextlib.nullcontext():
+            returned = fn(**kwargs)
         outcome, longrepr = PASSED, ""
     except KeyboardInterrupt:
         raise
@@ -343,7 +346,25 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         torch.cuda.empty_cache()
     dirty = health(ctx.world_size, ctx.device)
     benchmark = bench and bench.result()
-    return RankResult(ctx.rank, outcome, longrepr, duration, dirty, benchmark=benchmark, returned=returned)
+    return RankResult(
+        ctx.rank, outcome, longrepr, duration, dirty, benchmark=benchmark, returned=returned, noted=noted
+    )
+
+
+@contextlib.contextmanager
+def _hypothesis_calls(noted: list[tuple[str, str, str]]) -> Any:
+    """While an example runs here, hypothesis' note() and event() record into ``noted`` instead of raising
+    "outside of a test": the engine's context is the controller's (session.py replays them there)."""
+    from hypothesis import control, reporting
+
+    data = types.SimpleNamespace(events={}, provider=types.SimpleNamespace(avoid_realization=False))
+    context = types.SimpleNamespace(is_final=True, data=data)  # note() records; the engine decides
+    try:
+        with control._current_build_context.with_value(context):
+            with reporting.with_reporter(lambda text: noted.append(("note", str(text), ""))):
+                yield
+    finally:
+        noted.extend(("event", str(value), str(payload)) for value, payload in data.events.items())
 
 
 def run_task(task: Task, ctx: RankContext, capture: _Capture) -> RankResult:

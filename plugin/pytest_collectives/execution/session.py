@@ -149,6 +149,21 @@ def examples_sent_to(
         hypothesis.inner_test = inner
 
 
+def replay_hypothesis_calls(outcome: GroupOutcome) -> None:
+    """The ranks' note() and event() calls, made again in this engine's context: a note every rank made
+    alike once, a note that differs between ranks with its rank."""
+    from hypothesis import event, note
+
+    calls = [report.noted for report in outcome.ranks]
+    alike = all(c == calls[0] for c in calls)
+    for report in outcome.ranks[:1] if alike else outcome.ranks:
+        for kind, text, payload in report.noted:
+            if kind == "note":
+                note(text if alike else f"rank {report.rank}: {text}")
+            else:
+                event(text, payload)
+
+
 class Launcher(Protocol):
     """How a session's ranks are started and reached: the one thing the two modes do differently.
 
@@ -255,6 +270,8 @@ class DistributedSession:
         self.calls[n] = self.calls.get(n, 0) + 1
         outcome = self.launcher.run(task, test)
         item.stash[_outcome_key] = outcome
+        if hypothesis_inner:
+            replay_hypothesis_calls(outcome)
         if self.config.getoption("capture") == "no":
             for title, text in outcome.sections():
                 sys.stdout.write("".join(f"[{title}] {line}\n" for line in text.splitlines()))

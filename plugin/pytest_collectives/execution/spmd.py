@@ -451,6 +451,7 @@ class SpmdLauncher:
             benchmark=result.benchmark,
             returned=result.returned,
             dirty=result.dirty,
+            noted=result.noted,
         )
         return report, time.time()
 
