@@ -1,1 +1,5 @@
 """pytest-collectives: run tests on every rank of a real torch.distributed process group."""
+
+from pytest_collectives.algorithms.registry import algorithm
+
+__all__ = ["algorithm"]

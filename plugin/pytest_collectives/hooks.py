@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from pytest_collectives.algorithms import registry
 from pytest_collectives.conformance import known_bugs
 from pytest_collectives.conformance.matrix import CapabilityMatrix
 from pytest_collectives.execution import options, spmd
@@ -74,6 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "(no sizes: the --world-sizes; 'max': the largest of them); the test takes the `pg` fixture",
     )
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs (--gpus N); skipped on CPU runs")
+    config.add_cleanup(registry.forget_session)
     values = {}
     for name, _, _ in options.OPTIONS:
         value = config.getoption(f"collectives_{name}")

@@ -1,7 +1,9 @@
-"""Every all-reduce agrees with the exact reference, and the three decompositions agree with each other.
+"""Every registered all-reduce agrees with the exact reference, and the three decompositions agree with
+each other.
 
-The five algorithms (pytest_collectives.algorithms.collectives): the backend's all_reduce; reduce then
+The project's five (pytest_collectives.algorithms.builtin): the backend's all_reduce; reduce then
 broadcast; reduce_scatter then all_gather; the bandwidth-optimal ring; the tutorial's full-buffer ring.
+A user's, registered with ``@pytest_collectives.algorithm("all_reduce", ...)``, is checked beside them.
 """
 
 from __future__ import annotations
@@ -9,24 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from cases import FLOATS, RINGS, Case, group_of, laid_out, reductions
+from cases import FLOATS, Case, group_of, laid_out, of_the_algorithm, reductions, registered
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_collectives.algorithms import collectives as alg
+from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import assert_reduced_close, is_exact, rank_input, reduce_op
 
-ALGORITHMS = {
-    "all_reduce": alg.all_reduce_direct,
-    "reduce_broadcast": alg.all_reduce_reduce_broadcast,
-    "reduce_scatter_all_gather": alg.all_reduce_reduce_scatter_all_gather,
-    "ring_all_reduce": alg.ring_all_reduce,
-    "naive_ring_all_reduce": alg.naive_ring_all_reduce,
-}
-DECOMPOSITIONS = ["all_reduce", "reduce_broadcast", "reduce_scatter_all_gather"]
-RING_ALL_REDUCES = ["ring_all_reduce", "naive_ring_all_reduce"]
-# cases.backend_calls() must know what each algorithm built from send/recv needs of the backend
-assert set(RINGS) >= set(RING_ALL_REDUCES)
+DECOMPOSITIONS = ["all_reduce", "reduce_broadcast(root=-1)", "reduce_scatter_all_gather"]
 
 
 def run(pg, algorithm: str, case: Case) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
@@ -36,42 +28,22 @@ def run(pg, algorithm: str, case: Case) -> tuple[torch.Tensor, list[torch.Tensor
         return None
     inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
     tensor = laid_out(inputs[ranks.index(pg.rank)], case.layout, pg.device)
-    kwargs = {"root": case.root % len(ranks)} if algorithm == "reduce_broadcast" else {}
-    result = ALGORITHMS[algorithm](tensor, reduce_op(case.op), group=group, **kwargs)
-    assert result is tensor, "the all-reduce must work in place and return its tensor"
+    result = registry.get(algorithm)(tensor, reduce_op(case.op), group=group)
+    assert result is tensor, f"{algorithm} must work in place and return its tensor"
     return result, inputs
 
 
-def check_against_reference(pg, case: Case) -> None:
-    out = run(pg, case.operations[0], case)
+# Each algorithm is its own test with its own examples: drawn from one pool, the rings got too few of
+# them to be sure of meeting each op (a planted MIN-as-MAX in the rings went unseen in 160 examples).
+@pytest.mark.world_size()
+@pytest.mark.parametrize("algorithm", registered("all_reduce"))
+@given(case=of_the_algorithm(reductions))
+def test_all_reduce_matches_exact_reference(pg, algorithm, case):
+    """Every reduce op the algorithm claims and the backend calls it is made of support, AVG and
+    PREMUL_SUM included."""
+    out = run(pg, algorithm, case)
     if out is not None:
-        result, inputs = out
-        assert_reduced_close(result, inputs, case.op)
-
-
-# One test per family, each with its own examples: drawn from one pool, the rings got too few of them to
-# be sure of meeting each op (a planted MIN-as-MAX in the rings went unseen in 160 examples).
-@pytest.mark.world_size()
-@pytest.mark.needs("all_reduce")
-@given(case=reductions(["all_reduce"]))
-def test_backend_all_reduce_matches_exact_reference(pg, case):
-    """Every reduce op the backend supports, AVG and PREMUL_SUM included."""
-    check_against_reference(pg, case)
-
-
-@pytest.mark.world_size()
-@pytest.mark.needs("reduce_broadcast", "reduce_scatter_all_gather")
-@given(case=reductions(["reduce_broadcast", "reduce_scatter_all_gather"]))
-def test_decomposition_matches_exact_reference(pg, case):
-    check_against_reference(pg, case)
-
-
-@pytest.mark.world_size()
-@pytest.mark.needs(*RING_ALL_REDUCES)
-@given(case=reductions(RING_ALL_REDUCES))
-def test_ring_matches_exact_reference(pg, case):
-    """The rings implement every reduce op but PREMUL_SUM themselves: all of them, on every backend."""
-    check_against_reference(pg, case)
+        assert_reduced_close(*out, case.op)
 
 
 @pytest.mark.world_size()

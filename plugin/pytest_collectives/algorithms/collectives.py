@@ -73,12 +73,13 @@ def all_reduce_direct(
 def all_reduce_reduce_broadcast(
     tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: dist.ProcessGroup | None = None, root: int = 0
 ) -> Tensor:
-    """All-reduce as reduce to group rank ``root`` then broadcast from it, in place.
+    """All-reduce as reduce to group rank ``root`` (negative counts from the last, as an index does) then
+    broadcast from it, in place.
 
     Every byte crosses the root twice, so the root's links bound the time: the textbook example of a
     correct but unbalanced decomposition.
     """
-    global_root = dist.get_global_rank(_resolve(group), root)
+    global_root = dist.get_global_rank(_resolve(group), root % dist.get_world_size(group))
     with _dense(tensor) as work:
         dist.reduce(work, dst=global_root, op=op, group=group)
         dist.broadcast(work, src=global_root, group=group)

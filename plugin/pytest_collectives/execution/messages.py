@@ -25,6 +25,7 @@ class GroupSpec:
     controller_pid: int = 0  # the pytest process the ranks answer to: they end when it does
     modules: tuple[str, ...] = ()  # --backend-module: imported before the group starts
     sys_path: tuple[str, ...] = ()  # where to import them from: pytest's sys.path
+    algorithms: tuple[tuple[str, str], ...] = ()  # (module, file) that registered users' algorithms
 
 
 @dataclasses.dataclass(frozen=True)

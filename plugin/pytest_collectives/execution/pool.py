@@ -19,6 +19,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from pytest_collectives.algorithms import registry
 from pytest_collectives.execution.messages import FAILED, GroupSpec, RankResult, Task
 from pytest_collectives.execution.outcome import (
     CRASHED,
@@ -347,6 +348,7 @@ class GroupPool:
             controller_pid=os.getpid(),
             modules=self.modules,
             sys_path=tuple(sys.path),
+            algorithms=registry.sources(),
         )
 
     def group(self, world_size: int, lost: list[RankReport] | None = None) -> WorkerGroup:

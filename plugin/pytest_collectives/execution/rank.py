@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from pytest_collectives.algorithms import registry
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
 from pytest_collectives.execution.messages import (
     FAILED,
@@ -477,10 +478,11 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     _track_async_ops()
     ctx = RankContext(rank, spec.world_size, spec.backend, device, seed=0)
     inject_fault("init", rank)
-    if spec.modules:
+    if spec.modules or spec.algorithms:
         sys.path[:] = spec.sys_path
         for module in spec.modules:  # a third-party backend registers itself when imported
             importlib.import_module(module)
+        registry.load(spec.algorithms)  # users' algorithms, found by name in the tests
     _init_process_group(spec, rank, device)
     conn.send(("ready", rank))
     while True:

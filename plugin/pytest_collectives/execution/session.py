@@ -4,13 +4,15 @@ the suites size themselves with (settings_of, world_sizes_of)."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import hashlib
 import inspect
 import pickle
 import sys
+import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import pytest
@@ -22,6 +24,20 @@ from pytest_collectives.execution.messages import REJECTED, Task
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
 
 _outcome_key = pytest.StashKey[GroupOutcome]()
+_PARAMS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "collectives_params", default=types.MappingProxyType({})
+)
+
+
+def item_parameter(name: str) -> Any:
+    """What the running test is parametrized with for ``name``. A hypothesis strategy is built before pytest
+    parametrizes the test; one that draws what the parameter allows (the cases an algorithm supports)
+    reads it here, while the examples are drawn."""
+    params = _PARAMS.get()
+    if name not in params:
+        known = ", ".join(params) or "none"
+        raise LookupError(f"the running test has no parameter {name!r} (it has {known})")
+    return params[name]
 
 
 class GroupReplacedWarning(pytest.PytestWarning):
@@ -230,8 +246,13 @@ class DistributedSession:
         # world sizes come from metafunc, so without this a failure found at 3 ranks replays at 2 first,
         # passes there and is deleted.
         fn.hypothesis.inner_test._hypothesis_internal_add_digest = pyfuncitem.nodeid.encode()
-        with self.launcher.hypothesis_settings(fn), examples_sent_to(fn, on_ranks):
-            fn(**funcargs)
+        callspec = getattr(pyfuncitem, "callspec", None)
+        token = _PARAMS.set(dict(callspec.params) if callspec else {})
+        try:
+            with self.launcher.hypothesis_settings(fn), examples_sent_to(fn, on_ranks):
+                fn(**funcargs)
+        finally:
+            _PARAMS.reset(token)
         return True
 
     def dispatch(

@@ -1,0 +1,70 @@
+"""The project's own algorithms, registered through the same door as a user's (registry.algorithm).
+
+``register(module)`` registers the algorithms of ``collectives`` (or of a copy of it: the planted-bug tests
+register a mutant under a prefix); importing this module registers the real ones.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed as dist
+
+from pytest_collectives.algorithms import collectives
+from pytest_collectives.algorithms.registry import algorithm
+
+# The algorithms built from send/recv fold every reduce op themselves but PREMUL_SUM, whose factor is
+# opaque to them.
+P2P_OPS = ("sum", "product", "min", "max", "avg", "band", "bor", "bxor")
+
+
+def register(alg: types.ModuleType, prefix: str = "") -> None:
+    """Register the all-reduces, reduce-scatters and GEMM + reduce-scatters defined in ``alg``."""
+
+    def add(operation: str, name: str, fn, **contract) -> None:  # noqa: ANN001
+        algorithm(operation, prefix + name, stacklevel=3, **contract)(fn)
+
+    add("all_reduce", "all_reduce", alg.all_reduce_direct, uses=("all_reduce",))
+    add(
+        "all_reduce", "reduce_broadcast", alg.all_reduce_reduce_broadcast,
+        uses=("reduce", "broadcast"), grid={"root": (-1,)},
+    )  # fmt: skip
+    add(
+        "all_reduce", "reduce_scatter_all_gather", alg.all_reduce_reduce_scatter_all_gather,
+        uses=("reduce_scatter_single", "all_gather_single"),
+    )  # fmt: skip
+    add("all_reduce", "ring_all_reduce", alg.ring_all_reduce, uses=("send_recv",), ops=P2P_OPS)
+    add("all_reduce", "naive_ring_all_reduce", alg.naive_ring_all_reduce, uses=("send_recv",), ops=P2P_OPS)
+
+    def backend_reduce_scatter(output: torch.Tensor, input: torch.Tensor, op, group) -> torch.Tensor:  # noqa: ANN001
+        alg.reduce_scatter_single(output, input, op=op, group=group)
+        return output
+
+    def ring_reduce_scatter(output, input, op, group, steps_per_rank: int) -> torch.Tensor:  # noqa: ANN001
+        return alg.ring_reduce_scatter(output, input, group=group, steps=steps_per_rank * _size(group))
+
+    add("reduce_scatter", "reduce_scatter_single", backend_reduce_scatter, uses=("reduce_scatter_single",))
+    add(
+        "reduce_scatter", "ring_reduce_scatter", ring_reduce_scatter,
+        uses=("send_recv",), ops=("sum",), grid={"steps_per_rank": (1, 3)},
+    )  # fmt: skip
+
+    def gemm_reduce_scatter(a, b, group, steps_per_rank: int) -> torch.Tensor:  # noqa: ANN001
+        return alg.gemm_reduce_scatter(a, b, group=group, steps=steps_per_rank * _size(group))
+
+    add(
+        "gemm_reduce_scatter", "gemm_reduce_scatter", gemm_reduce_scatter,
+        uses=("send_recv",), ops=("sum",), grid={"steps_per_rank": (1, 3)},
+    )  # fmt: skip
+    add(
+        "gemm_reduce_scatter", "gemm_reduce_scatter_sequential", alg.gemm_reduce_scatter_sequential,
+        uses=("reduce_scatter_single",), ops=("sum",),
+    )  # fmt: skip
+
+
+def _size(group: dist.ProcessGroup | None) -> int:
+    return dist.get_world_size(group)
+
+
+register(collectives)

@@ -1,0 +1,115 @@
+"""Users' algorithms come through the registry: checked by the suites' properties, wrong ones named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import copy_conformance
+
+from pytest_collectives.algorithms import registry
+
+# Two all-reduces a user might write: gather everything and reduce locally, and the same with a classic
+# bug, the tail beyond the last whole chunk (size not a multiple of the group size) left unreduced.
+USERS_ALGORITHMS = """
+import torch
+import torch.distributed as dist
+from pytest_collectives import algorithm
+
+_FOLD = {dist.ReduceOp.SUM: lambda x: x.sum(0), dist.ReduceOp.MAX: lambda x: x.amax(0)}
+
+
+def _gather_reduce(tensor, op, group, whole_chunks_only):
+    n = dist.get_world_size(group)
+    flat = tensor.contiguous().view(-1)
+    parts = [torch.empty_like(flat) for _ in range(n)]
+    dist.all_gather(parts, flat, group=group)
+    reduced = _FOLD[op](torch.stack(parts)).to(tensor.dtype)
+    keep = flat.numel() // n * n if whole_chunks_only else flat.numel()
+    flat[:keep] = reduced[:keep]
+    tensor.copy_(flat.view(tensor.shape))
+    return tensor
+
+
+@algorithm("all_reduce", uses=("all_gather",), ops=("sum", "max"), dtypes=("float32", "int32"))
+def users_gather_reduce(tensor, op, group):
+    return _gather_reduce(tensor, op, group, whole_chunks_only=False)
+
+
+@algorithm("all_reduce", "users_chunked", uses=("all_gather",), ops=("sum", "max"), dtypes=("float32",),
+           grid={"chunks": (1, 2)})
+def users_dropping_tail(tensor, op, group, chunks):
+    return _gather_reduce(tensor, op, group, whole_chunks_only=True)
+"""
+
+
+def test_a_users_all_reduce_from_a_conftest_is_checked_and_a_wrong_one_named(
+    pytester: pytest.Pytester,
+) -> None:
+    copy_conformance(pytester.path, ("test_all_reduce.py",), conftest_extra=USERS_ALGORITHMS)
+    result = pytester.runpytest(
+        "test_all_reduce.py", "-k", "matches_exact_reference and users_", "--world-sizes", "2",
+        "--capability-json", "matrix.json", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED test_all_reduce.py::test_all_reduce_matches_exact_reference[2-users_chunked(chunks=1)]*",
+            "FAILED test_all_reduce.py::test_all_reduce_matches_exact_reference[2-users_chunked(chunks=2)]*",
+        ],
+        consecutive=False,
+    )
+    out = result.stdout.str()
+    # the minimal example: one element, which two ranks cannot split into whole chunks
+    assert "operations=('users_chunked(chunks=1)',)" in out and "size=1," in out
+    cells = json.loads((pytester.path / "matrix.json").read_text())["cells"]
+    rows = {(c["operation"], c["dtype"], c["reduce_op"]): c["status"] for c in cells}
+    assert rows["users_gather_reduce", "float32", "sum"] == "PASS"
+    assert rows["users_chunked(chunks=1)", "float32", "sum"] == "FAIL"
+    # what the algorithm does not claim is never drawn
+    assert not any(
+        op == "users_gather_reduce" and r == "min" and s != "N/A" for (op, _, r), s in rows.items()
+    )
+
+
+def test_the_grid_names_each_variant_and_bad_registrations_are_errors() -> None:
+    try:
+
+        @registry.algorithm(
+            "reduce_scatter", "grid_probe", uses=("send_recv",), grid={"k": (1, 2), "s": ("a",)}
+        )
+        def grid_probe(output, input, op, group, k, s):  # noqa: ANN001, ANN202
+            return (k, s)
+
+        names = [a.name for a in registry.algorithms("reduce_scatter") if a.name.startswith("grid_probe")]
+        assert names == ["grid_probe(k=1, s='a')", "grid_probe(k=2, s='a')"]
+        assert registry.get("grid_probe(k=2, s='a')")(None, None, None, group=None) == (2, "a")
+        assert str(Path(__file__).resolve()) in [path for _, path in registry.sources()]
+    finally:
+        registry.forget_session()
+    with pytest.raises(LookupError, match="no algorithm registered as .grid_probe.k=1, s=.a... here"):
+        registry.get("grid_probe(k=1, s='a')")
+    assert registry.get("ring_all_reduce").uses == ("send_recv",)  # the project's own stay
+    with pytest.raises(ValueError, match="no operation 'allreduce'; one of all_reduce, reduce_scatter"):
+        registry.algorithm("allreduce", uses=("all_reduce",))
+    with pytest.raises(ValueError, match="uses= must name the backend calls"):
+        registry.algorithm("all_reduce", uses=())
+
+
+def test_an_algorithm_registered_twice_from_two_files_is_an_error(pytester: pytest.Pytester) -> None:
+    for name in ("one", "two"):
+        pytester.makepyfile(
+            **{
+                name: "from pytest_collectives import algorithm\n"
+                "@algorithm('all_reduce', 'twice', uses=('all_reduce',))\n"
+                "def twice(tensor, op, group):\n    return tensor\n"
+            }
+        )
+    pytester.syspathinsert()
+    try:
+        __import__("one")
+        with pytest.raises(ValueError, match="'twice' is registered twice, in .*one.py and .*two.py"):
+            __import__("two")
+    finally:
+        registry.forget_session()
