@@ -102,3 +102,38 @@ def test_a_report_path_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester
     result = pytester.runpytest("--node-report", "taken")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --node-report taken: is a file; name a folder to write into"])
+
+
+VENDOR_CHECKS = """
+def pytest_collectives_node_checks(config):
+    return {"acme.nic": [
+        {"name": "mlx5_0 link", "status": "FAIL", "reason": "link up at 100 Gb/s, expected 400 Gb/s",
+         "details": {"port": 1}},
+        {"name": "firmware", "status": "PASS", "reason": "28.39.1002 is the validated release"},
+    ]}
+"""
+
+
+def test_a_vendors_node_checks_land_in_every_output_and_fail_the_node(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    pytester.makeconftest(VENDOR_CHECKS)
+    result = pytester.runpytest("--node-report", "report")
+    result.assert_outcomes(passed=1)
+    folder = pytester.path / "report"
+    report = json.loads((folder / "report.json").read_text())
+    validate(report, REPORT_SCHEMA)
+    assert report["extensions"]["acme.nic"]["checks"][0]["details"] == {"port": 1}
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["acme.nic: mlx5_0 link"]["status"] == "FAIL" and report["verdict"] == "FAIL"
+    assert checks["acme.nic: firmware"]["status"] == "PASS"
+    for name in ("report.html", "report.md", "report.xml"):
+        assert "link up at 100 Gb/s, expected 400 Gb/s" in (folder / name).read_text(), name
+
+
+def test_a_malformed_node_check_leaves_the_report_unwritten_naming_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    pytester.makeconftest(VENDOR_CHECKS.replace('"status": "FAIL"', '"status": "BROKEN"'))
+    result = pytester.runpytest("--node-report", "report")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["node report not written: report data: extensions*acme.nic*status*BROKEN*"])
+    assert not (pytester.path / "report" / "report.json").exists()

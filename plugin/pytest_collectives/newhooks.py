@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -13,3 +14,12 @@ def pytest_collectives_call_done(
     """A distributed call ended: one call of a plain test, or one hypothesis example, on ``world_size``
     ranks with these arguments (the values hypothesis drew among them); ``verdict`` is "passed", "failed"
     or "skipped". Called in the process that runs the session (each rank's own under torchrun/srun)."""
+
+
+def pytest_collectives_node_checks(config: pytest.Config) -> Mapping[str, Sequence[Mapping[str, Any]]] | None:
+    """Extra checks for ``--node-report``, from a vendor's plugin or a conftest (a NIC, InfiniBand or
+    firmware check): ``{namespace: [check, ...]}``, each check ``{"name", "status": "PASS" | "WARN" |
+    "FAIL", "reason", "details": {...} (optional)}``. They land in every output of the report (HTML,
+    Markdown, JUnit, and ``report.json`` under ``extensions.<namespace>``, as ``namespace: name`` among the
+    checks) and count toward its verdict. Called once, at the end of the session, in the process that
+    writes the report; a check the schema rejects leaves the report unwritten, naming the field."""

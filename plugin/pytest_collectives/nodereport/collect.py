@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -138,6 +138,21 @@ def collective_rows(results: dict[str, BenchmarkEntry]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["name"], r["bytes"]))
 
 
+def extension_checks(
+    answers: list[Mapping[str, Sequence[Mapping[str, Any]]] | None],
+) -> dict[str, Any] | None:
+    """The ``pytest_collectives_node_checks`` answers as the report's ``extensions``: one namespace each."""
+    merged: dict[str, Any] = {}
+    for answer in answers:
+        for namespace, checks in (answer or {}).items():
+            if namespace in merged:
+                raise ValueError(
+                    f"two pytest_collectives_node_checks answers use the namespace {namespace!r}"
+                )
+            merged[namespace] = {"checks": [{"details": {}, **c} for c in checks]}
+    return merged
+
+
 class NodeReport:
     def __init__(self, config: pytest.Config, directory: str, gpus: int) -> None:
         self.config = config
@@ -204,6 +219,14 @@ class NodeReport:
             "tests": {**self.counts, "failures": self.failures},
             "capabilities": self._capabilities(),
         }
+        try:
+            data["extensions"] = extension_checks(
+                self.config.hook.pytest_collectives_node_checks(config=self.config)
+            )
+        except ValueError as exc:
+            self.error = f"node report not written: {exc}"
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            return
         try:
             self.written = write_report(self.directory, data)
         except (ReportError, OSError) as exc:

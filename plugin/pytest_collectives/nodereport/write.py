@@ -149,12 +149,23 @@ def _square(matrix: Sequence[Sequence[Any]], n: int, field: str) -> None:
 
 def report_checks(data: Mapping[str, Any]) -> list[Check]:
     """The verdicts shown at the top of the report: the GPUs' health as NVML reports it (GPU runs), the node's
-    links, the test run, the benchmark baseline."""
+    links, the test run, the benchmark baseline, the capability matrix, and the extensions' own checks."""
     health = preflight.preflight_checks(data["preflight"]) if data.get("preflight") else []
     run = [_test_check(data["tests"]), _benchmark_check(data["baseline"])]
     if data.get("capabilities"):
         run.append(_capability_check(data["capabilities"]))
-    return [*health, *_link_checks(data["p2p"]), *_host_device_checks(data.get("host_device")), *run]
+    extensions = [
+        Check(f"{namespace}: {c['name']}", c["status"], c["reason"], c.get("details", {}))
+        for namespace, extension in (data.get("extensions") or {}).items()
+        for c in extension["checks"]
+    ]
+    return [
+        *health,
+        *_link_checks(data["p2p"]),
+        *_host_device_checks(data.get("host_device")),
+        *run,
+        *extensions,
+    ]
 
 
 def _has_pairs(p2p: Mapping[str, Any] | None) -> bool:
