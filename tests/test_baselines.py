@@ -232,7 +232,7 @@ def test_invalid_results_are_refused_before_writing(tmp_path, bad, field):
 
 
 def test_bad_names_are_refused(tmp_path):
-    with pytest.raises(BaselineError, match="baseline name '../x'"):
+    with pytest.raises(BaselineError, match="--baseline-name '../x'"):
         save_baseline(tmp_path, cpu_fingerprint(), results(), name="../x")
 
 

@@ -228,3 +228,34 @@ def test_a_topology_that_cannot_be_read_is_a_usage_error_before_the_tests(
     )  # fmt: skip
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     result.stdout.no_fnmatch_line("*passed*")  # nothing ran
+
+
+def test_baseline_key_dimensions_and_names_keep_configurations_apart(
+    pytester, bench_dir, monkeypatch
+) -> None:
+    pytester.makeconftest(
+        "import os\n"
+        "def pytest_collectives_baseline_key(config):\n"
+        "    return {'nccl_algo': os.environ['ALGO'], 'image': 'ngc-24.10'}\n"
+    )
+    monkeypatch.setenv("ALGO", "Ring")
+    run(pytester, "--baseline-save").assert_outcomes(passed=1)
+    monkeypatch.setenv("ALGO", "Tree")
+    run(pytester, "--baseline-save", "--baseline-name", "nightly").assert_outcomes(passed=1)
+    names = sorted(p.name for p in bench_dir.glob("*/*.json"))
+    assert names == [
+        "baseline+image=ngc-24.10+nccl_algo=Ring.json",
+        "nightly+image=ngc-24.10+nccl_algo=Tree.json",
+    ]
+    # the other configuration has no baseline of its own yet: not judged against Ring's
+    result = run(pytester, "--fail-on-regression")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["*no baseline for this topology (cpu-*, baseline+image=ngc-24.10+nccl_algo=Tree.json)*"]
+    )
+    monkeypatch.setenv("ALGO", "a/b")
+    bad = run(pytester, "--baseline-save")
+    assert bad.ret == pytest.ExitCode.TESTS_FAILED
+    bad.stdout.fnmatch_lines(
+        ["baseline error: pytest_collectives_baseline_key: nccl_algo='a/b': use letters*"]
+    )

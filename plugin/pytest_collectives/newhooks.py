@@ -23,3 +23,10 @@ def pytest_collectives_node_checks(config: pytest.Config) -> Mapping[str, Sequen
     Markdown, JUnit, and ``report.json`` under ``extensions.<namespace>``, as ``namespace: name`` among the
     checks) and count toward its verdict. Called once, at the end of the session, in the process that
     writes the report; a check the schema rejects leaves the report unwritten, naming the field."""
+
+
+def pytest_collectives_baseline_key(config: pytest.Config) -> Mapping[str, str] | None:
+    """Dimensions beyond the topology that must not share a baseline (an ``NCCL_ALGO``, a container image, a
+    node count): ``{dimension: value}``. They join the baseline's file name, ``<topology-id>/<name>+dim=value
+    .json`` in key order, so each combination is recorded and judged apart. Called once per session, after
+    collection, in the process that gates."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from pytest_collectives.gate.statistics import (
     judge,
 )
 from pytest_collectives.gate.store import (
+    DEFAULT_NAME,
     KEEP_RUNS,
     BaselineError,
     BenchmarkEntry,
@@ -51,6 +54,10 @@ OPTIONS = (
                          "help": f"runs a baseline keeps (default {KEEP_RUNS})"}),
     ("--baseline-overwrite", {"action": "store_true", "help": "with --baseline-save: start the baseline "
                               "afresh with this run (also replaces an unreadable or old-format file)"}),
+    ("--baseline-name", {"metavar": "NAME", "default": DEFAULT_NAME,
+                         "help": "keep configurations of one topology apart: its baseline is "
+                         f"<topology-id>/NAME.json (default {DEFAULT_NAME}), plus the dimensions the "
+                         "pytest_collectives_baseline_key hook adds"}),
     ("--baseline", {"metavar": "PATH|ID", "help": "compare with this baseline file or topology id "
                     "instead of the detected topology's"}),
     ("--fail-on-regression", {"action": "store_true", "help": "CI mode: fail the session on a confirmed "
@@ -108,6 +115,30 @@ def _names(names: list[str]) -> str:
     return ", ".join(names[:SHOWN]) + more
 
 
+def baseline_name(name: str, dimensions: list[Mapping[str, object] | None]) -> str:
+    """The baseline's file name: ``name``, then each dimension the pytest_collectives_baseline_key hook
+    answered, ``+key=value`` in key order (``baseline+nccl_algo=Ring``); raises BaselineError for one that
+    cannot be part of a file name, or a dimension two answers give."""
+    merged: dict[str, str] = {}
+    for answer in dimensions:
+        for key, value in (answer or {}).items():
+            if key in merged:
+                raise BaselineError(
+                    f"pytest_collectives_baseline_key: two answers give the dimension {key!r}"
+                )
+            merged[key] = str(value)
+    for key, value in merged.items():
+        if not (_DIMENSION.fullmatch(key) and _DIMENSION.fullmatch(value)):
+            raise BaselineError(
+                f"pytest_collectives_baseline_key: {key}={value!r}: use letters, digits, '.', '_' or '-' in "
+                "keys and values (they become part of a file name)"
+            )
+    return name + "".join(f"+{key}={merged[key]}" for key in sorted(merged))
+
+
+_DIMENSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
 class BaselineGate:
     def __init__(self, config: pytest.Config, backend: str, gpus: int, can_remeasure: bool = True) -> None:
         self.config = config
@@ -141,6 +172,7 @@ class BaselineGate:
         self.looked_up = False  # _resolve ran: `resolved` is the answer, None meaning no baseline
         self.error: str | None = None
         self.baseline_path: Path | None = None  # the baseline this run was compared with
+        self.name = DEFAULT_NAME  # the baseline's file name under its topology id (set by _resolve)
         self.benchmarks_selected: int | None = None  # None: collection did not run here (xdist controller)
 
     @property
@@ -161,10 +193,13 @@ class BaselineGate:
         opt = self.config.getoption
         fingerprint = self.machine()
         self.looked_up = True
+        self.name = baseline_name(
+            opt("baseline_name"), self.config.hook.pytest_collectives_baseline_key(config=self.config)
+        )
         if opt("baseline_save"):
-            check_saveable(self.root, fingerprint, opt("baseline_overwrite"))
+            check_saveable(self.root, fingerprint, opt("baseline_overwrite"), self.name)
         else:
-            self.resolved = resolve_baseline(self.root, fingerprint, opt("baseline"))
+            self.resolved = resolve_baseline(self.root, fingerprint, opt("baseline"), self.name)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -241,7 +276,7 @@ class BaselineGate:
         opt = self.config.getoption
         if opt("baseline_save"):
             path, runs = save_baseline(
-                self.root, self.fingerprint, results, overwrite=opt("baseline_overwrite"), keep=self.keep
+                self.root, self.fingerprint, results, opt("baseline_overwrite"), self.name, self.keep
             )
             armed = (
                 ""
@@ -261,7 +296,8 @@ class BaselineGate:
                 )
             return
         if self.resolved is None:
-            self._unarmed(f"no baseline for this topology ({current}) under {self.root}")
+            named = "" if self.name == DEFAULT_NAME else f", {self.name}.json"
+            self._unarmed(f"no baseline for this topology ({current}{named}) under {self.root}")
             return
         base = self.resolved.baseline
         self.baseline_path = base.path

@@ -44,7 +44,7 @@ OVERWRITE_FLAG = "--baseline-overwrite"
 _TIME_FIELDS = ("min", "median", "q1", "q3")
 _COUNT_FIELDS = ("rounds", "iterations")
 _DIGITS = 4  # significant digits kept: far below any spread a gate can see, and short lines to review
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")  # + and = join the baseline-key dimensions
 # Published with the package (schemas/baseline.schema.json) for tools that read or write baselines.
 BASELINE_SCHEMA: dict[str, Any] = load_schema("baseline.schema.json")
 # What git prints is recorded only if the loader will take it back: the schema's own rule.
@@ -132,7 +132,7 @@ class ResolvedBaseline:
 def baseline_path(root: str | os.PathLike[str], fingerprint: Fingerprint, name: str = DEFAULT_NAME) -> Path:
     if not _NAME.fullmatch(name):
         raise BaselineError(
-            f"baseline name {name!r}: use letters, digits, '.', '_' or '-' (it becomes a file name)"
+            f"--baseline-name {name!r}: use letters, digits, '.', '_' or '-' (it becomes a file name)"
         )
     return Path(root) / topology_id(fingerprint) / f"{name}.json"
 
