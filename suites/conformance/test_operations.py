@@ -14,6 +14,7 @@ import torch.distributed as dist
 from cases import (
     DENSE,
     FLOATS,
+    MAX_RANKS,
     Calls,
     assert_moved,
     cases,
@@ -85,6 +86,27 @@ def test_all_gather_list(pg, case):
     dist.all_gather(outputs, laid_out(inputs[me], case.layout, pg.device), group=group)
     for i, (out, want) in enumerate(zip(outputs, inputs, strict=True)):
         assert_moved(out, want, f"all_gather: group rank {i}'s part on group rank {me}")
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("all_gather_uneven")
+@given(
+    case=movements(["all_gather_uneven"], sizes=st.integers(0, 2000)),
+    extra=st.lists(st.integers(0, 9), min_size=MAX_RANKS, max_size=MAX_RANKS),
+)
+def test_all_gather_list_uneven(pg, case, extra):
+    """The list all_gather with a size per rank (torch: "uneven sized tensors are supported"): group rank
+    i contributes case.size + extra[i] elements."""
+    found = _members(pg, case)
+    if found is None:
+        return
+    group, ranks, n, me = found
+    sizes = [case.size + extra[i] for i in range(n)]
+    inputs = [rank_input(pg.seed, r, sizes[i], case.dtype) for i, r in enumerate(ranks)]
+    outputs = [sentinel(size, case.dtype, pg.device) for size in sizes]
+    dist.all_gather(outputs, laid_out(inputs[me], case.layout, pg.device), group=group)
+    for i, (out, want) in enumerate(zip(outputs, inputs, strict=True)):
+        assert_moved(out, want, f"all_gather of sizes {sizes}: group rank {i}'s part on group rank {me}")
 
 
 @pytest.mark.world_size()

@@ -77,6 +77,12 @@ def _all_gather(t: torch.Tensor, n: int, op: Any) -> None:
     dist.all_gather([torch.empty_like(t) for _ in range(n)], t)
 
 
+def _all_gather_uneven(t: torch.Tensor, n: int, op: Any) -> None:
+    _all_gather(t, n, op)  # a dtype the backend refuses is refused here, before any size check
+    sizes = [1 + r % 2 for r in range(n)]  # t holds n elements: at least 2 where there are two ranks
+    dist.all_gather([t.new_empty(size) for size in sizes], t[: sizes[dist.get_rank()]].clone())
+
+
 def _all_gather_single(t: torch.Tensor, n: int, op: Any) -> None:
     all_gather_single(t.new_empty(n * t.numel()), t)
 
@@ -119,6 +125,7 @@ REDUCTIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
 DATA_OPERATIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
     "broadcast": _broadcast,
     "all_gather": _all_gather,
+    "all_gather_uneven": _all_gather_uneven,  # a list of different sizes, as torch documents: its own row
     "all_gather_single": _all_gather_single,
     "all_gather_single_stacked": _all_gather_single_stacked,  # output (n, numel): a row of its own
     "all_to_all_single": _all_to_all_single,
