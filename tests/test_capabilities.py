@@ -256,10 +256,10 @@ def test_the_node_report_holds_the_capability_matrix(pytester: pytest.Pytester) 
     result.assert_outcomes(passed=1)
     report = json.loads((pytester.path / "report" / "report.json").read_text())
     rows = {(c["operation"], c["dtype"], c["reduce_op"]): c for c in report["capabilities"]["cells"]}
-    # Which dtypes hypothesis draws varies between runs; the cells it drew must read PASS, none FAIL.
+    # Which dtypes hypothesis draws varies between runs; the cells it drew read PASS, none FAIL.
     broadcast = {key[1]: cell["status"] for key, cell in rows.items() if key[0] == "broadcast"}
     assert report["capabilities"]["backend"] == "gloo" and "PASS" in broadcast.values()
-    assert "FAIL" not in broadcast.values() and broadcast["uint16"] == "N/A"
+    assert "FAIL" not in broadcast.values()
     check = next(c for c in report["checks"] if c["name"] == "capability matrix")
     assert check["status"] == "PASS" and check["reason"].startswith("gloo (")
     assert "<td>broadcast</td>" in (pytester.path / "report" / "report.html").read_text()

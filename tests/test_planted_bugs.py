@@ -140,17 +140,21 @@ def test_the_unmutated_copy_passes(pytester: pytest.Pytester, tmp_path: Path) ->
     """The control: the same harness with nothing planted passes, so a catch above is the bug's doing.
 
     Where the backend itself is wrong (gloo's reduce_scatter_tensor summing under any op, as on the torch
-    floor), the unmutated suite must fail, and only on the decomposition built from that call.
+    floor), the unmutated decomposition built from that call must fail. (On that floor, 2.2, the rings' large
+    bool transfers also came back wrong and a rank crashed on the replay, once in CI: only the
+    decomposition is checked there.)
     """
     plant(pytester.path, "def all_reduce_direct(", "def all_reduce_direct(", "test_all_reduce.py")
+    honours = gloo_reduce_scatter_honours_op(tmp_path)
+    variants = "mutant_" if honours else "mutant_reduce_scatter"
     result = pytester.runpytest(
-        "test_all_reduce.py", "-k", "matches_exact_reference and mutant_", "--world-sizes", "3",
+        "test_all_reduce.py", "-k", f"matches_exact_reference and {variants}", "--world-sizes", "3",
         "--hypothesis-profile", "planted", "-p", "no:cacheprovider",
     )  # fmt: skip
-    if gloo_reduce_scatter_honours_op(tmp_path):
+    if honours:
         result.assert_outcomes(passed=5)
     else:
-        result.assert_outcomes(passed=4, failed=1)
+        result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines(
             # summing under MAX, or under PREMUL_SUM, which the floor's gloo also accepts there
             ["*operations=('mutant_reduce_scatter_all_gather',)*", "AssertionError: * over * ranks of *"]

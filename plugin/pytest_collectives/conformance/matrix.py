@@ -13,13 +13,14 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
 
 from pytest_collectives.atomic import write_atomic
-from pytest_collectives.conformance.capabilities import DTYPES, Capabilities, Cell, dtype_name
+
+if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
+    from pytest_collectives.conformance.capabilities import Capabilities, Cell
 
 PASS, FAIL, NA, UNTESTED = "PASS", "FAIL", "N/A", "untested"
 STATUSES = (PASS, FAIL, NA, UNTESTED)
@@ -75,7 +76,7 @@ class CapabilityMatrix:
         cells = set(self.tallies)
         for caps in self.probes.values():
             cells.update(caps.cells)
-        order = {name: i for i, name in enumerate([*map(dtype_name, DTYPES), "-"])}
+        order = {name: i for i, name in enumerate(_dtype_names())}
         rows = []
         for cell in sorted(cells, key=lambda c: (c[0], c[2], order.get(c[1], 99), c[1])):
             tally = self.tallies.get(cell, _Tally())
@@ -102,7 +103,7 @@ class CapabilityMatrix:
         return {
             "backend": self.backend,
             "backend_version": backend_version(self.backend),
-            "torch": torch.__version__,
+            "torch": _torch().__version__,
             "world_sizes": sorted(self.probes),
             "cells": self.rows(),
         }
@@ -126,7 +127,7 @@ class CapabilityMatrix:
 
 def grid(doc: dict[str, Any], marks: dict[str, str], sep: str) -> list[str]:
     """The matrix as rows of (operation, reduce op) and a column per dtype, in ``marks``' symbols."""
-    dtypes = [d for d in [*map(dtype_name, DTYPES), "-"] if any(r["dtype"] == d for r in doc["cells"])]
+    dtypes = [d for d in _dtype_names() if any(r["dtype"] == d for r in doc["cells"])]
     by_row: dict[tuple[str, str], dict[str, str]] = {}
     for row in doc["cells"]:
         by_row.setdefault((row["operation"], row["reduce_op"]), {})[row["dtype"]] = marks[row["status"]]
@@ -154,6 +155,19 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def backend_version(backend: str) -> str:
+    torch = _torch()
     if "nccl" in backend and torch.cuda.is_available():
         return "NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
     return f"bundled with torch {torch.__version__}"
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _dtype_names() -> list[str]:
+    from pytest_collectives.conformance.capabilities import DTYPES, dtype_name
+
+    return [*map(dtype_name, DTYPES), "-"]

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from pytest_collectives.algorithms import registry
+from pytest_collectives.execution.forkserver import forkserver_context
 from pytest_collectives.execution.messages import FAILED, GroupSpec, RankResult, Task
 from pytest_collectives.execution.outcome import (
     CRASHED,
@@ -40,29 +41,6 @@ RECYCLE_RSS_GROWTH = 2 << 30  # a worker that grew this much since it started is
 # A rank reads its task before it answers the previous one's, so the pipe is empty when a task is sent, and a
 # task smaller than a pipe's buffer (64 KiB on Linux, 4 KiB at the least POSIX allows) is written at once.
 INLINE_TASK_BYTES = 4096
-
-PRELOAD = [
-    "__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.execution.rank"
-]  # fmt: skip
-
-
-def forkserver_context(start_method: str = "forkserver") -> multiprocessing.context.BaseContext:
-    """Workers fork from a server that has imported torch once: a group starts in a fraction of a second.
-
-    ``spawn`` (a fresh interpreter per rank) is only for measuring what the pool saves.
-    """
-    ctx = multiprocessing.get_context(start_method)
-    if start_method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)
-    return ctx
-
-
-def warm_up(ctx: multiprocessing.context.BaseContext) -> None:
-    """Start the forkserver now so its torch import overlaps with collection."""
-    if ctx.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
 
 
 class WorkerGroup:

@@ -46,11 +46,14 @@ class PooledLauncher:
             return cores, oversubscribed(cores)
         return None, ""
 
+    def expecting(self) -> None:
+        from pytest_collectives.execution.forkserver import forkserver_context, warm_up
+
+        warm_up(forkserver_context())
+
     def collected(self, items: list[pytest.Item]) -> None:
         if any(item.get_closest_marker("world_size") for item in items):
-            from pytest_collectives.execution.pool import warm_up
-
-            warm_up(self.pool.ctx)
+            self.expecting()
 
     @contextlib.contextmanager
     def hypothesis_settings(self, fn: Any) -> Iterator[None]:
