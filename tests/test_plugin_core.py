@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -683,3 +684,17 @@ def test_torch_older_than_the_calls_it_lacks(monkeypatch: pytest.MonkeyPatch) ->
     assert runner.default_device() == torch.device("meta")
     monkeypatch.delattr(torch, "get_default_device")
     assert runner.default_device() == torch.device("cpu")
+
+
+def test_paths_that_name_world_size_are_told_apart(tmp_path: Path) -> None:
+    """What starts the forkserver before torch is imported: a file naming world_size among the paths."""
+    from pytest_collectives.execution.session import mentions_world_size
+
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "test_a.py").write_text("def test_a(): pass\n")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "test_hidden.py").write_text("world_size\n")
+    assert not mentions_world_size([tmp_path])
+    (tmp_path / "plain" / "test_b.py").write_text("@pytest.mark.world_size(2)\n")
+    assert mentions_world_size([tmp_path]) and mentions_world_size([tmp_path / "plain" / "test_b.py"])
+    assert not mentions_world_size([tmp_path / "missing.py"])

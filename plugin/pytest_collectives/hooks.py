@@ -12,6 +12,7 @@ the baseline gate and the node report. The logic lives in the subpackages:
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,14 @@ from pytest_collectives.conformance import known_bugs
 from pytest_collectives.conformance.matrix import CapabilityMatrix
 from pytest_collectives.execution import options, spmd
 from pytest_collectives.execution import xdist as xdist_support
-from pytest_collectives.execution.session import DistributedSession, Launcher, pg, settings_of, world_size
+from pytest_collectives.execution.session import (
+    DistributedSession,
+    Launcher,
+    mentions_world_size,
+    pg,
+    settings_of,
+    world_size,
+)
 from pytest_collectives.gate import plugin as gate
 from pytest_collectives.nodereport import collect as session_report
 
@@ -68,6 +76,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     known_bugs.mark(items, settings_of(config).backend, config.stash.get(_KNOWN_BUGS, []))
 
 
+def _expect_groups(config: pytest.Config) -> None:
+    """Start the forkserver, whose torch import the first group waits for, before this process imports
+    torch (resolving --backend does): both imports then run at once. Only where the paths to collect name
+    world_size; the collection tells the launcher again (DistributedSession.pytest_collect_file)."""
+    paths = [Path(arg.split("::")[0]) for arg in config.args]
+    if mentions_world_size(config.invocation_params.dir / p for p in paths):
+        from pytest_collectives.execution.forkserver import forkserver_context, warm_up
+
+        warm_up(forkserver_context())
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -82,6 +101,8 @@ def pytest_configure(config: pytest.Config) -> None:
         values[name] = str(value if value is not None else config.getini(name)).strip()
     try:
         env = spmd.detect(os.environ)
+        if env is None and not getattr(config.option, "numprocesses", None):
+            _expect_groups(config)
         if env is None:
             settings = options.resolve(values, options.count_cuda_gpus)
         else:

@@ -8,11 +8,12 @@ import contextvars
 import functools
 import hashlib
 import inspect
+import os
 import pickle
 import sys
 import types
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -181,6 +182,36 @@ def replay_hypothesis_calls(outcome: GroupOutcome) -> None:
                 event(text, payload)
 
 
+SCAN_LIMIT = 400  # files read to tell whether a session's paths hold distributed tests
+
+
+def mentions_world_size(paths: Iterable[Path]) -> bool:
+    """Whether a Python file among ``paths`` (files, or folders walked past their hidden and environment
+    folders, SCAN_LIMIT files at most) names ``world_size``: a session that will start worker groups."""
+    read = 0
+    for path in paths:
+        files = [path] if path.is_file() else _python_files(path)
+        for file in files:
+            if read >= SCAN_LIMIT:
+                return False
+            read += 1
+            try:
+                if file.suffix == ".py" and "world_size" in file.read_text(errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _python_files(folder: Path) -> Iterator[Path]:
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")) and d not in _NOT_TESTS)
+        yield from (Path(root, f) for f in sorted(files) if f.endswith(".py"))
+
+
+_NOT_TESTS = {"venv", "env", "build", "dist", "node_modules", "site-packages"}
+
+
 class Launcher(Protocol):
     """How a session's ranks are started and reached: the one thing the two modes do differently.
 
@@ -230,13 +261,9 @@ class DistributedSession:
         parametrize_world_size(metafunc, world_sizes_of(marker.args, self.settings), limit, too_big)
 
     def pytest_collect_file(self, file_path: Path) -> None:
-        if not self.expecting and file_path.suffix == ".py":
-            try:
-                self.expecting = "world_size" in file_path.read_text(errors="replace")
-            except OSError:
-                return
-            if self.expecting:
-                self.launcher.expecting()
+        if not self.expecting and mentions_world_size([file_path]):
+            self.expecting = True
+            self.launcher.expecting()
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         skip_gpu_tests(items, self.settings)
