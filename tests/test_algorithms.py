@@ -119,3 +119,27 @@ def test_an_algorithm_registered_twice_from_two_files_is_an_error(pytester: pyte
             __import__("two")
     finally:
         registry.forget_session()
+
+
+def test_an_installed_packages_algorithm_comes_through_its_entry_point(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package that names a module in the ``pytest_collectives.algorithms`` group: no conftest, checked
+    in pytest's process and found on the ranks by the same entry point."""
+    pytester.makepyfile(
+        acme_algorithms="from pytest_collectives import algorithm\n"
+        "from pytest_collectives.algorithms.collectives import all_reduce_direct\n"
+        "algorithm('all_reduce', 'acme_all_reduce', uses=('all_reduce',), dtypes=('float32',))"
+        "(all_reduce_direct)\n"
+    )
+    info = pytester.path / "acme_algorithms-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-algorithms\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[pytest_collectives.algorithms]\nacme = acme_algorithms\n")
+    copy_conformance(pytester.path, ("test_all_reduce.py",))
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+    result = pytester.runpytest_subprocess(
+        "test_all_reduce.py", "-k", "acme", "--world-sizes", "2", "-p", "no:cacheprovider", "-v"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_all_reduce_matches_exact_reference?ws2-acme_all_reduce? PASSED*"])

@@ -34,7 +34,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["CONTRACTS", "ENTRY_POINTS", "Algorithm", "algorithm", "algorithms", "get", "load", "sources"]
+__all__ = [
+    "CONTRACTS",
+    "ENTRY_POINTS",
+    "Algorithm",
+    "algorithm",
+    "algorithms",
+    "forget_session",
+    "get",
+    "load",
+    "sources",
+]
 
 ENTRY_POINTS = "pytest_collectives.algorithms"
 
