@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _expect_groups(config: pytest.Config) -> None:
     """Start the forkserver, whose torch import the first group waits for, before this process imports
     torch (resolving --backend does): both imports then run at once. Only where the paths to collect name
-    world_size; the collection tells the launcher again (DistributedSession.pytest_collect_file)."""
+    world_size; otherwise the launcher starts it once the collected tests say so."""
     paths = [Path(arg.split("::")[0]) for arg in config.args]
     if mentions_world_size(config.invocation_params.dir / p for p in paths):
         from pytest_collectives.execution.forkserver import forkserver_context, warm_up

@@ -30,3 +30,15 @@ def pytest_collectives_baseline_key(config: pytest.Config) -> Mapping[str, str] 
     node count): ``{dimension: value}``. They join the baseline's file name, ``<topology-id>/<name>+dim=value
     .json`` in key order, so each combination is recorded and judged apart. Called once per session, after
     collection, in the process that gates."""
+
+
+def merged_answers(hook: str, answers: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
+    """The answers of ``hook``, whose implementations each return a mapping (or None), as one mapping; a key
+    two of them give is a ValueError naming the hook and the key. (Not a hook spec: no ``pytest_`` prefix.)"""
+    merged: dict[str, Any] = {}
+    for answer in answers:
+        for key, value in (answer or {}).items():
+            if key in merged:
+                raise ValueError(f"{hook}: two implementations answer {key!r}")
+            merged[key] = value
+    return merged

@@ -46,14 +46,12 @@ class PooledLauncher:
             return cores, oversubscribed(cores)
         return None, ""
 
-    def expecting(self) -> None:
-        from pytest_collectives.execution.forkserver import forkserver_context, warm_up
-
-        warm_up(forkserver_context())
-
     def collected(self, items: list[pytest.Item]) -> None:
+        # Started already where the paths named world_size (hooks._expect_groups); else not yet.
         if any(item.get_closest_marker("world_size") for item in items):
-            self.expecting()
+            from pytest_collectives.execution.forkserver import forkserver_context, warm_up
+
+            warm_up(forkserver_context())
 
     @contextlib.contextmanager
     def hypothesis_settings(self, fn: Any) -> Iterator[None]:

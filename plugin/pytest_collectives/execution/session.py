@@ -221,10 +221,6 @@ class Launcher(Protocol):
     def size_limit(self, metafunc: pytest.Metafunc) -> tuple[int | None, str]:
         """The most ranks a group can have for this test, and why a bigger size is skipped ({n}: the size)."""
 
-    def expecting(self) -> None:
-        """A file that names ``world_size`` is about to be collected: start what takes long (the forkserver's
-        torch import) now, beside the collection's own."""
-
     def collected(self, items: list[pytest.Item]) -> None:
         """The session's tests are known: get ready to run them."""
 
@@ -250,7 +246,6 @@ class DistributedSession:
         self.settings = settings
         self.launcher = launcher
         self.calls: dict[int, int] = {}  # world size -> test calls and hypothesis examples run on ranks
-        self.expecting = False  # a collected file names world_size: the launcher was told
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -259,11 +254,6 @@ class DistributedSession:
             return
         limit, too_big = self.launcher.size_limit(metafunc)
         parametrize_world_size(metafunc, world_sizes_of(marker.args, self.settings), limit, too_big)
-
-    def pytest_collect_file(self, file_path: Path) -> None:
-        if not self.expecting and mentions_world_size([file_path]):
-            self.expecting = True
-            self.launcher.expecting()
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         skip_gpu_tests(items, self.settings)

@@ -374,9 +374,6 @@ class SpmdLauncher:
         world = self.env.world_size
         return world, f"the SPMD world has {world} ranks"
 
-    def expecting(self) -> None:
-        pass  # every rank is a pytest process of its own: nothing to start beside it
-
     def collected(self, items: list[pytest.Item]) -> None:
         pass  # the world is joined once the collections are final (pytest_collection_finish)
 

@@ -42,6 +42,7 @@ from pytest_collectives.gate.store import (
     save_baseline,
     sittings,
 )
+from pytest_collectives.newhooks import merged_answers
 from pytest_collectives.topology.machine import Fingerprint, TopologyError, detect, topology_id
 
 SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list them all
@@ -119,14 +120,10 @@ def baseline_name(name: str, dimensions: list[Mapping[str, object] | None]) -> s
     """The baseline's file name: ``name``, then each dimension the pytest_collectives_baseline_key hook
     answered, ``+key=value`` in key order (``baseline+nccl_algo=Ring``); raises BaselineError for one that
     cannot be part of a file name, or a dimension two answers give."""
-    merged: dict[str, str] = {}
-    for answer in dimensions:
-        for key, value in (answer or {}).items():
-            if key in merged:
-                raise BaselineError(
-                    f"pytest_collectives_baseline_key: two answers give the dimension {key!r}"
-                )
-            merged[key] = str(value)
+    try:
+        merged = {k: str(v) for k, v in merged_answers("pytest_collectives_baseline_key", dimensions).items()}
+    except ValueError as exc:
+        raise BaselineError(str(exc)) from None
     for key, value in merged.items():
         if not (_DIMENSION.fullmatch(key) and _DIMENSION.fullmatch(value)):
             raise BaselineError(

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from pytest_collectives.gate.store import BenchmarkEntry
+from pytest_collectives.newhooks import merged_answers
 from pytest_collectives.nodereport import preflight
 from pytest_collectives.nodereport.checks import LOOPBACK_LINK, NETWORK_LINK
 
@@ -138,19 +139,12 @@ def collective_rows(results: dict[str, BenchmarkEntry]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["name"], r["bytes"]))
 
 
-def extension_checks(
-    answers: list[Mapping[str, Sequence[Mapping[str, Any]]] | None],
-) -> dict[str, Any] | None:
+def extension_checks(answers: list[Mapping[str, Sequence[Mapping[str, Any]]] | None]) -> dict[str, Any]:
     """The ``pytest_collectives_node_checks`` answers as the report's ``extensions``: one namespace each."""
-    merged: dict[str, Any] = {}
-    for answer in answers:
-        for namespace, checks in (answer or {}).items():
-            if namespace in merged:
-                raise ValueError(
-                    f"two pytest_collectives_node_checks answers use the namespace {namespace!r}"
-                )
-            merged[namespace] = {"checks": [{"details": {}, **c} for c in checks]}
-    return merged
+    merged = merged_answers("pytest_collectives_node_checks", answers)
+    return {
+        namespace: {"checks": [{"details": {}, **c} for c in checks]} for namespace, checks in merged.items()
+    }
 
 
 class NodeReport:
