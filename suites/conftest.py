@@ -15,8 +15,10 @@ from pytest_collectives.execution.session import settings_of
 # database is hypothesis' default (.hypothesis/ in the working directory), so a failure found once is
 # tried first on the next run; print_blob prints a @reproduce_failure line for any failure.
 _COMMON = {"deadline": None, "print_blob": True, "suppress_health_check": [HealthCheck.too_slow]}
-settings.register_profile("ci", max_examples=80, **_COMMON)
-settings.register_profile("thorough", max_examples=2000, **_COMMON)
+# The conformance suites batch their examples (@pytest_collectives.examples): max_examples counts batches
+# of 1 to 16 examples, about 6 on average, and a large-message test takes a twentieth of it, 3 at least.
+settings.register_profile("ci", max_examples=20, **_COMMON)
+settings.register_profile("thorough", max_examples=400, **_COMMON)
 settings.load_profile("ci")  # --hypothesis-profile thorough (hypothesis' own option) overrides this
 
 # (option, default on CPU, default with GPUs): like nccl-tests -b, -e, -f

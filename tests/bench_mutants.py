@@ -59,7 +59,7 @@ def main() -> None:
                 directory = Path(tmp)
                 copy_conformance(directory, (test_file,), conftest_extra=NO_SHRINK)
                 out = session(directory, backend, test_file, select, "planted")
-                calls = re.search(r"(\d+) distributed calls", out)
+                calls = re.search(r"(\d+) distributed examples", out)
                 if " failed" in out.splitlines()[-1]:
                     caught += 1
                     examples.append(int(calls.group(1)) if calls else 0)

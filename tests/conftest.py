@@ -3,6 +3,18 @@
 # fresh forkserver (and its torch import) for every run: both are imported once here, before any run.
 import multiprocessing.forkserver  # noqa: F401
 
+import pytest
 import torch  # noqa: F401
+from hypothesis import settings
 
 import pytest_collectives.execution.pool  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def _hypothesis_profile_kept() -> object:
+    """An in-process run loads its own profile (the suites' ci, a planted-bug run's planted without
+    shrinking) into hypothesis' one global: the next test must not inherit it."""
+    name = settings.get_current_profile_name()
+    yield
+    if settings.get_current_profile_name() != name:
+        settings.load_profile(name)

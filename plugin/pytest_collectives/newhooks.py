@@ -13,7 +13,8 @@ def pytest_collectives_call_done(
 ) -> None:
     """A distributed call ended: one call of a plain test, or one hypothesis example, on ``world_size``
     ranks with these arguments (the values hypothesis drew among them); ``verdict`` is "passed", "failed"
-    or "skipped". Called in the process that runs the session (each rank's own under torchrun/srun)."""
+    or "skipped". A batch of ``@pytest_collectives.examples`` is reported example by example, up to the
+    first that failed. Called in the process that runs the session (each rank's own under torchrun/srun)."""
 
 
 def pytest_collectives_node_checks(config: pytest.Config) -> Mapping[str, Sequence[Mapping[str, Any]]] | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import torch
-from hypothesis import assume
+from hypothesis import assume, settings
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms import registry
@@ -27,12 +27,19 @@ FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 # 0, 1, primes and sizes that no world size up to 8 divides.
 EDGE_SIZES = [0, 1, 2, 3, 5, 7, 13, 31, 97, 101, 419, 1021, 4099]
 SMALL_SIZES = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 5000))
-# Half the sizes small, a quarter 64 Ki + small and a quarter 1 Mi + small. Both parts are always drawn, so
-# a failure found at 1 Mi + 3 shrinks to 3 by dropping the offset (out of a branch of one_of holding the
-# large sizes, the shrinker often could not: a user's minimal example read 1048579 elements).
-SIZES = st.tuples(st.sampled_from([0, 0, 1 << 16, 1 << 20]), SMALL_SIZES).map(sum)
+# Large messages (64 Ki or 1 Mi elements plus a small size) take up to a second an example at 4 ranks, as
+# long as a hundred small ones: they have their own few-example tests (large()), the rest draw small sizes.
+# A failure found at 1 Mi + 3 shrinks to 1 Mi, the offset drawn apart from the small size.
+LARGE_SIZES = st.tuples(st.sampled_from([1 << 16, 1 << 20]), SMALL_SIZES).map(sum)
 MAX_RANKS = 8  # members and roots are drawn up to this and folded onto the actual world
-MEMBERS = st.none() | st.frozensets(st.integers(0, MAX_RANKS - 1), min_size=1)
+# Subgroups of a few shapes, folded onto the world: one rank, a pair without rank 0, every other rank, a
+# contiguous half, all but rank 0. Any subset of 8 ranks would make up to 255 groups at 8 ranks, each a
+# rendezvous of every rank (most of an example's time there) and kept open for the group's life.
+SUBGROUPS = [
+    frozenset(ranks)
+    for ranks in ({0}, {1}, {1, 2}, {0, 2, 4, 6}, {1, 3, 5, 7}, {0, 1, 2, 3}, set(range(1, 8)))
+]
+MEMBERS = st.none() | st.sampled_from(SUBGROUPS)
 LAYOUTS = ("contiguous", "strided", "offset")
 # gloo gets the backend's own reduce, broadcast and scatter wrong on a strided view, silently, as it does
 # all_reduce (test_backend_all_reduce_on_a_strided_view); until a known-bug manifest can say so per
@@ -136,6 +143,11 @@ def cases(
     )
 
 
+def large() -> settings:
+    """The settings of a large-message test: a twentieth of the profile's examples, 3 at least."""
+    return settings(max_examples=max(3, settings().max_examples // 20))
+
+
 def registered(operation: str) -> list[object]:
     """Every algorithm registered for ``operation``, as the values of a test's ``algorithm`` parameter: each
     its own test (its own examples, its id), N/A where the backend lacks what it is made of."""
@@ -154,7 +166,7 @@ def of_the_algorithm(
 
 
 def reductions(operations: Sequence[str] = ("all_reduce",), **kwargs: object) -> st.SearchStrategy[Case]:
-    return cases(operations, sizes=kwargs.pop("sizes", SIZES), **kwargs)  # type: ignore[arg-type]
+    return cases(operations, **kwargs)  # type: ignore[arg-type]
 
 
 def movements(operations: Sequence[str], **kwargs: object) -> st.SearchStrategy[Case]:

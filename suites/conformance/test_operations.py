@@ -24,9 +24,9 @@ from cases import (
     reductions,
     sentinel,
 )
-from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_collectives import examples
 from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
 from pytest_collectives.conformance.capabilities import NO_OP, REDUCE_OPS
 
@@ -43,7 +43,7 @@ def _members(pg, case):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("reduce")
-@given(case=reductions(["reduce"], layouts=DENSE))
+@examples(case=reductions(["reduce"], layouts=DENSE))
 def test_reduce(pg, case):
     """The root holds the reduction; other ranks' buffers are unspecified (torch documents only dst's)."""
     found = _members(pg, case)
@@ -60,7 +60,7 @@ def test_reduce(pg, case):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("broadcast")
-@given(case=movements(["broadcast"]))
+@examples(case=movements(["broadcast"]))
 def test_broadcast(pg, case):
     found = _members(pg, case)
     if found is None:
@@ -75,7 +75,7 @@ def test_broadcast(pg, case):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_gather")
-@given(case=movements(["all_gather"]))
+@examples(case=movements(["all_gather"]))
 def test_all_gather_list(pg, case):
     found = _members(pg, case)
     if found is None:
@@ -90,7 +90,7 @@ def test_all_gather_list(pg, case):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_gather_uneven")
-@given(
+@examples(
     case=movements(["all_gather_uneven"], sizes=st.integers(0, 2000)),
     extra=st.lists(st.integers(0, 9), min_size=MAX_RANKS, max_size=MAX_RANKS),
 )
@@ -111,7 +111,7 @@ def test_all_gather_list_uneven(pg, case, extra):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("reduce_scatter")
-@given(case=reductions(["reduce_scatter"], sizes=st.integers(0, 2000), layouts=DENSE))
+@examples(case=reductions(["reduce_scatter"], sizes=st.integers(0, 2000), layouts=DENSE))
 def test_reduce_scatter_list(pg, case):
     found = _members(pg, case)
     if found is None:
@@ -126,7 +126,7 @@ def test_reduce_scatter_list(pg, case):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_to_all_single")
-@given(case=movements(["all_to_all_single"], members=st.none()), splits=SPLITS, even=st.booleans())
+@examples(case=movements(["all_to_all_single"], members=st.none()), splits=SPLITS, even=st.booleans())
 def test_all_to_all_single(pg, case, splits, even):
     """Even splits (none given) or any split matrix, zeros included: rank i sends splits[i][j] to j."""
     n, me = pg.world_size, pg.rank
@@ -145,7 +145,7 @@ def test_all_to_all_single(pg, case, splits, even):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_to_all")
-@given(case=movements(["all_to_all"], members=st.none()))
+@examples(case=movements(["all_to_all"], members=st.none()))
 def test_all_to_all_list(pg, case):
     n, me = pg.world_size, pg.rank
     sizes = [[case.size % 41] * n for _ in range(n)]
@@ -162,7 +162,7 @@ SHAPES = st.tuples(st.integers(1, 3), st.integers(2, 6), st.integers(2, 4), st.i
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_reduce", "broadcast", "all_gather")
-@given(
+@examples(
     case=cases(["all_reduce", "broadcast", "all_gather"], ops=(*REDUCE_OPS, NO_OP), members=st.none()),
     shape=SHAPES,
 )
@@ -196,7 +196,7 @@ def test_channels_last_is_read_and_written_as_laid_out(pg, case, shape):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("gather")
-@given(case=movements(["gather"]))
+@examples(case=movements(["gather"]))
 def test_gather(pg, case):
     """The root's list holds every member's input in group-rank order (a permutation is caught)."""
     found = _members(pg, case)
@@ -213,7 +213,7 @@ def test_gather(pg, case):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("scatter")
-@given(case=movements(["scatter"]))
+@examples(case=movements(["scatter"]))
 def test_scatter(pg, case):
     found = _members(pg, case)
     if found is None:
@@ -232,7 +232,7 @@ PAYLOADS = st.recursive(st.none() | st.integers() | st.text(max_size=20), st.lis
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_gather_object", "broadcast_object_list")
-@given(calls=st.just(Calls(("all_gather_object", "broadcast_object_list"))), payload=PAYLOADS)
+@examples(calls=st.just(Calls(("all_gather_object", "broadcast_object_list"))), payload=PAYLOADS)
 def test_object_collectives(pg, calls, payload):
     """Objects of every rank arrive whole and in rank order; the root's list replaces every other one."""
     n, me = pg.world_size, pg.rank
@@ -247,7 +247,7 @@ def test_object_collectives(pg, calls, payload):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("gather_object")
-@given(calls=st.just(Calls(("gather_object",))), payload=PAYLOADS, root=st.integers(0, 7))
+@examples(calls=st.just(Calls(("gather_object",))), payload=PAYLOADS, root=st.integers(0, 7))
 def test_gather_object(pg, calls, payload, root):
     """The root's list holds every rank's object in rank order."""
     n, me, root = pg.world_size, pg.rank, root % pg.world_size
@@ -259,7 +259,7 @@ def test_gather_object(pg, calls, payload, root):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("scatter_object_list")
-@given(calls=st.just(Calls(("scatter_object_list",))), payload=PAYLOADS, root=st.integers(0, 7))
+@examples(calls=st.just(Calls(("scatter_object_list",))), payload=PAYLOADS, root=st.integers(0, 7))
 def test_scatter_object_list(pg, calls, payload, root):
     """Rank i receives the root's i-th object."""
     n, me, root = pg.world_size, pg.rank, root % pg.world_size
@@ -300,7 +300,7 @@ def test_barrier_orders_the_ranks(pg, calls):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_reduce")
-@given(
+@examples(
     case=reductions(["all_reduce"], dtypes=FLOATS + [torch.int32], members=st.none()), count=st.integers(1, 4)
 )
 def test_coalesced_all_reduce_equals_uncoalesced(pg, case, count):

@@ -8,22 +8,40 @@ import inspect
 
 import pytest
 import torch.distributed as dist
-from cases import SIZES, assert_moved, group_of, movements, sentinel
+from cases import LARGE_SIZES, assert_moved, group_of, large, movements, sentinel
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from pytest_collectives import examples
 from pytest_collectives.algorithms.reference import rank_input
 
 MODES = ["send_recv", "isend_irecv", "batch_isend_irecv"]
 
 
-SENDS = movements(["send_recv"], sizes=SIZES, members=st.none())
+SENDS = movements(["send_recv"], members=st.none())
+PAIRS = st.tuples(st.integers(0, 7), st.integers(1, 7))
 
 
 @pytest.mark.world_size()
 @pytest.mark.needs("send_recv")
-@given(case=SENDS, mode=st.sampled_from(MODES), pair=st.tuples(st.integers(0, 7), st.integers(1, 7)))
+@examples(case=SENDS, mode=st.sampled_from(MODES), pair=PAIRS)
 def test_receiver_sees_exactly_what_was_sent(pg, case, mode, pair):
+    check_sent_and_received(pg, case, mode, pair)
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("send_recv")
+@large()
+@given(
+    case=movements(["send_recv"], sizes=LARGE_SIZES, members=st.none()),
+    mode=st.sampled_from(MODES),
+    pair=PAIRS,
+)
+def test_receiver_sees_exactly_what_was_sent_in_a_large_message(pg, case, mode, pair):
+    check_sent_and_received(pg, case, mode, pair)
+
+
+def check_sent_and_received(pg, case, mode: str, pair: tuple[int, int]) -> None:
     n, dtype, size = pg.world_size, case.dtype, case.size
     src = pair[0] % n
     dst = (src + pair[1] % (n - 1) + 1) % n if n > 1 else src  # any rank but src
@@ -51,7 +69,7 @@ def test_receiver_sees_exactly_what_was_sent(pg, case, mode, pair):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("send_recv")
-@given(case=SENDS)
+@examples(case=SENDS)
 def test_ring_exchange_both_directions_at_once(pg, case):
     """Every rank sends right and receives from the left in one batch: no ordering can deadlock it."""
     n, me, dtype, size = pg.world_size, pg.rank, case.dtype, case.size
@@ -66,7 +84,7 @@ def test_ring_exchange_both_directions_at_once(pg, case):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("send_recv")
-@given(case=movements(["send_recv"], sizes=SIZES))
+@examples(case=movements(["send_recv"]))
 def test_all_pairs_exchange_in_one_batch(pg, case):
     """Every rank sends its own payload to every other rank and receives from each in one batch: n - 1
     sends and n - 1 receives per rank, posted in an order that differs between the ranks."""
@@ -86,7 +104,7 @@ def test_all_pairs_exchange_in_one_batch(pg, case):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("send_recv")
-@given(case=movements(["send_recv"], sizes=SIZES), pair=st.tuples(st.integers(0, 7), st.integers(1, 7)))
+@examples(case=movements(["send_recv"]), pair=PAIRS)
 def test_send_recv_by_group_rank_in_a_subgroup(pg, case, pair):
     """send(group_dst=)/recv(group_src=) inside a subgroup address group ranks, not global ones."""
     if "group_dst" not in inspect.signature(dist.send).parameters:

@@ -16,9 +16,9 @@ from cases import (
     registered,
     sentinel,
 )
-from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_collectives import examples
 from pytest_collectives.algorithms import collectives as alg
 from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import (
@@ -38,7 +38,7 @@ def blocks_of(inputs: list[torch.Tensor], n: int, me: int) -> list[torch.Tensor]
 
 @pytest.mark.world_size()
 @pytest.mark.parametrize("algorithm", registered("reduce_scatter"))
-@given(case=of_the_algorithm(reductions, sizes=CHUNKS), in_place=st.booleans())
+@examples(case=of_the_algorithm(reductions, sizes=CHUNKS), in_place=st.booleans())
 def test_reduce_scatter_matches_exact_reference(pg, algorithm, case, in_place):
     """Every registered reduce-scatter (the backend's, the ring with S = k n steps, users'). In place, the
     output is this rank's own block of the input, which NCCL and gloo both allow."""
@@ -56,14 +56,14 @@ def test_reduce_scatter_matches_exact_reference(pg, algorithm, case, in_place):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_gather_single")
-@given(case=movements(["all_gather_single"], sizes=CHUNKS), in_place=st.booleans())
+@examples(case=movements(["all_gather_single"], sizes=CHUNKS), in_place=st.booleans())
 def test_backend_all_gather(pg, case, in_place):
     check_all_gather_single(pg, case, in_place, stacked=False)
 
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_gather_single_stacked")
-@given(case=movements(["all_gather_single_stacked"], sizes=CHUNKS), in_place=st.booleans())
+@examples(case=movements(["all_gather_single_stacked"], sizes=CHUNKS), in_place=st.booleans())
 def test_backend_all_gather_into_a_stacked_output(pg, case, in_place):
     """The output may also stack the ranks' inputs, (n, chunk), as DTensor asks for."""
     check_all_gather_single(pg, case, in_place, stacked=True)
@@ -95,7 +95,7 @@ def test_ring_reduce_scatter_rejects_bad_steps(pg):
 
 @pytest.mark.world_size()
 @pytest.mark.parametrize("algorithm", registered("gemm_reduce_scatter"))
-@given(
+@examples(
     case=of_the_algorithm(reductions, dtypes=[torch.float32, torch.float64], ops=["sum"], members=st.none()),
     rows_per_rank=st.integers(1, 9),
     inner=st.integers(1, 24),

@@ -7,6 +7,7 @@ process can speak on them. Tests are named by reference (module + qualname), nev
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 
@@ -63,3 +64,10 @@ class RankResult:
     # hypothesis' note() and event() calls in an example's body: ("note", text, "") or ("event", value,
     # payload), replayed in the controller's engine, which alone has the example's context
     noted: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    examples: int = 1  # hypothesis examples this call ran: several where @examples batched them
+    failed_example: int | None = None  # the first of them that failed on this rank, counted from 0
+
+
+def stable_seed_of(text: str) -> int:
+    """A seed from ``text`` that every process derives alike (unlike hash(), which is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF

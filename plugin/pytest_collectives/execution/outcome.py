@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from pytest_collectives.execution.messages import FAILED, PASSED, SKIPPED
+from pytest_collectives.execution.messages import FAILED, PASSED, SKIPPED, RankResult
 
 CRASHED = "crashed"
 HUNG = "hung"
@@ -23,6 +23,23 @@ class RankReport:
     returned: object = None  # what a probe returned on this rank (session.run_on_ranks)
     noted: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # note()/event() calls
     dirty: list[str] = dataclasses.field(default_factory=list)  # what the test left unfit on this rank
+    examples: int = 1  # hypothesis examples the call ran (several in a batch of @examples)
+    failed_example: int | None = None  # the first of them that failed here
+
+    @classmethod
+    def of(cls, result: RankResult, **more: object) -> RankReport:
+        """What the controller keeps of a rank's result (``more``: what the launcher adds, its output)."""
+        return cls(
+            result.rank,
+            result.outcome,
+            result.longrepr,
+            benchmark=result.benchmark,
+            returned=result.returned,
+            noted=result.noted,
+            examples=result.examples,
+            failed_example=result.failed_example,
+            **more,  # type: ignore[arg-type]
+        )
 
 
 @dataclasses.dataclass
@@ -43,6 +60,27 @@ class GroupOutcome:
             return SKIPPED
         return FAILED
 
+    def examples(self) -> int:
+        """Hypothesis examples the call ran on every rank."""
+        return min(r.examples for r in self.ranks)
+
+    def failed_example(self) -> int | None:
+        """In a batch of examples, the first that failed on any rank."""
+        return min((r.failed_example for r in self.ranks if r.failed_example is not None), default=None)
+
+    def keep_first_failing_example(self) -> None:
+        """In a batch of examples every rank runs them all: only the earliest example that failed on any
+        rank is the call's failure (hypothesis shrinks the batch to it), and a rank whose first failure
+        came later passed that far."""
+        first = self.failed_example()
+        if first is None:
+            return
+        for report in self.ranks:
+            if report.failed_example is not None and report.failed_example > first:
+                report.status, report.detail, report.failed_example = PASSED, "", None
+        if self.first_failed is not None and self.ranks[self.first_failed].status == PASSED:
+            self.first_failed = next(r.rank for r in self.ranks if r.status == FAILED)
+
     def skip_reason(self) -> str:
         return self.ranks[0].detail
 
@@ -59,6 +97,8 @@ class GroupOutcome:
         for report in order:
             lines.append("")
             lines.append(f"{'=' * 20} rank {report.rank}: {self._describe(report)} {'=' * 20}")
+            if report.failed_example is not None and report.examples > 1:
+                lines.append(f"(example {report.failed_example + 1} of the {report.examples} in this call)")
             if report.detail:
                 lines.append(report.detail.rstrip())
             if report.stack:

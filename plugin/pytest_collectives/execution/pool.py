@@ -172,14 +172,7 @@ class WorkerGroup:
                 if kind == "ready":
                     return RankReport(rank, "passed")
                 results.append(payload)  # type: ignore[union-attr]
-                return RankReport(
-                    rank,
-                    payload.outcome,
-                    payload.longrepr,
-                    benchmark=payload.benchmark,
-                    returned=payload.returned,
-                    noted=payload.noted,
-                )
+                return RankReport.of(payload)
         except (EOFError, OSError):
             pass
         # The pipe is at EOF or the process is gone: a crash, whether or not the forkserver has

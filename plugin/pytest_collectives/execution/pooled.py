@@ -60,6 +60,12 @@ class PooledLauncher:
     def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
         return self.pool.run(task, task.world_size)
 
+    def done_with(self, world_size: int) -> None:
+        # Groups of every size kept to the end would hold 35 processes for world sizes 2 to 8; tests are
+        # ordered by world size, so a size's group is seldom needed again (and is started anew if it is).
+        if self._pool is not None:
+            self._pool.discard(world_size)
+
     def summary(self) -> str:
         return f"{self.pool.started} worker group(s) started"
 

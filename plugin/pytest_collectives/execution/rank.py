@@ -43,6 +43,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from pytest_collectives.algorithms import registry
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
+from pytest_collectives.execution.examples import tallied
 from pytest_collectives.execution.messages import (
     FAILED,
     PASSED,
@@ -51,9 +52,13 @@ from pytest_collectives.execution.messages import (
     GroupSpec,
     RankResult,
     Task,
+    stable_seed_of,
 )
 
 STACK_SIGNAL = signal.SIGUSR1
+# How long ranks that ended an example wait for the others to say whether it failed anywhere: a tiny call
+# takes milliseconds, and a rank not there by then is stuck in the example (RankContext.any_failed).
+AGREEMENT_TIMEOUT = datetime.timedelta(seconds=2)
 PENDING_GRACE_S = 2.0  # NCCL work completes on the GPU a little after the host returns
 
 
@@ -73,6 +78,8 @@ class RankContext:
     device: torch.device
     seed: int
     _subgroups: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict, repr=False)
+    # a gloo group of the whole world kept for any_failed(), apart from the tests' own calls
+    agreement: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -88,6 +95,26 @@ class RankContext:
         if key not in self._subgroups:
             self._subgroups[key] = dist.new_group(list(key))
         return self._subgroups[key] if self.rank in key else None
+
+    def any_failed(self, failed: bool) -> bool:
+        """Whether any rank failed the example each just ran (every rank calls this after each example of
+        a batch, so that all stop at the first that failed anywhere). A rank still inside the example,
+        stuck in a call the failed one skipped, never answers: after AGREEMENT_TIMEOUT the others give up
+        (the controller replaces the group) and this rank no longer asks, stopping at its own failures."""
+        if self.agreement is None:
+            return failed
+        flag = torch.tensor([int(failed)])
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.agreement)
+        except RuntimeError:
+            self.agreement = None
+            return True
+        return bool(flag.item())
+
+    def reseed(self, example: dict[str, Any]) -> None:
+        """Seed this rank from one example's values, as a call with that example alone would be."""
+        self.seed = stable_seed_of(repr(sorted((k, repr(v)) for k, v in example.items())))
+        seed_everything(self.seed)
 
     def __repr__(self) -> str:
         return f"<pg rank {self.rank} of {self.world_size}, {self.backend} on {self.device}>"
@@ -335,7 +362,10 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     noted: list[tuple[str, str, str]] = []
     try:
         fn = test()  # imported outside the example's context: a module's @given must not see one
-        with _hypothesis_calls(noted) if task.hypothesis_inner else contextlib.nullcontext():
+        with (
+            _hypothesis_calls(noted) if task.hypothesis_inner else contextlib.nullcontext(),
+            tallied() as tally,
+        ):
             returned = fn(**kwargs)
         outcome, longrepr = PASSED, ""
     except KeyboardInterrupt:
@@ -348,7 +378,16 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     dirty = health(ctx.world_size, ctx.device)
     benchmark = bench and bench.result()
     return RankResult(
-        ctx.rank, outcome, longrepr, duration, dirty, benchmark=benchmark, returned=returned, noted=noted
+        ctx.rank,
+        outcome,
+        longrepr,
+        duration,
+        dirty,
+        benchmark=benchmark,
+        returned=returned,
+        noted=noted,
+        examples=tally.ran or 1,
+        failed_example=tally.failed_example,
     )
 
 
@@ -484,6 +523,8 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
             importlib.import_module(module)
         registry.load(spec.algorithms)  # users' algorithms, found by name in the tests
     _init_process_group(spec, rank, device)
+    with contextlib.suppress(RuntimeError, ValueError):  # without it, ranks stop at their own failures
+        ctx.agreement = dist.new_group(backend="gloo", timeout=AGREEMENT_TIMEOUT)
     conn.send(("ready", rank))
     while True:
         try:

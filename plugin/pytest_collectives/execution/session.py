@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import hashlib
 import inspect
 import os
 import pickle
@@ -21,8 +20,8 @@ import pytest
 
 from pytest_collectives.bench import shim as benchmark_shim
 from pytest_collectives.bench.timing import BenchSpec, record
-from pytest_collectives.execution import options
-from pytest_collectives.execution.messages import REJECTED, Task
+from pytest_collectives.execution import examples, options
+from pytest_collectives.execution.messages import REJECTED, Task, stable_seed_of
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
 
 _outcome_key = pytest.StashKey[GroupOutcome]()
@@ -117,6 +116,16 @@ def parametrize_world_size(
     metafunc.parametrize("world_size", params, scope="session")
 
 
+def last_of_each_size(items: list[pytest.Item]) -> dict[str, int]:
+    """{node id: n} for the last of ``items`` to run on n ranks, for each world size n."""
+    last = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "world_size" in callspec.params:
+            last[callspec.params["world_size"]] = item.nodeid
+    return {nodeid: n for n, nodeid in last.items()}
+
+
 def skip_gpu_tests(items: list[pytest.Item], settings: options.Settings) -> None:
     if settings.gpus:
         return
@@ -133,10 +142,6 @@ def stable_seed(item: pytest.Function, kwargs: dict[str, Any]) -> int:
     reprs with addresses and per-run paths, so hashing them would give a new seed every run."""
     drawn = {k: v for k, v in kwargs.items() if k not in item.funcargs}
     return stable_seed_of(item.nodeid + repr(sorted((k, repr(v)) for k, v in drawn.items())))
-
-
-def stable_seed_of(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
 
 
 def distributed_call(item: pytest.Function) -> tuple[int, dict[str, Any]] | None:
@@ -156,9 +161,15 @@ def examples_sent_to(
     hypothesis = fn.hypothesis
     inner = hypothesis.inner_test
 
+    signature = inspect.signature(inner)
+
     @functools.wraps(inner)
-    def sent(*owner: Any, **kwargs: Any) -> None:
-        send(inner, owner, kwargs)
+    def sent(*args: Any, **kwargs: Any) -> None:
+        # hypothesis may pass any argument by position: by name they reach the ranks, a test class's
+        # instance (self) apart
+        arguments = signature.bind(*args, **kwargs).arguments
+        owner = (arguments.pop("self"),) if "self" in arguments else ()
+        send(inner, owner, arguments)
 
     hypothesis.inner_test = sent
     try:
@@ -230,6 +241,9 @@ class Launcher(Protocol):
     def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
         """Run ``task`` on its ranks (``test``: the function itself, for a launcher that runs in-process)."""
 
+    def done_with(self, world_size: int) -> None:
+        """No test left in the session runs on ``world_size`` ranks."""
+
     def summary(self) -> str:
         """What ran the tests, for the terminal summary: "4 worker groups started", "SPMD mode (...)"."""
 
@@ -246,6 +260,7 @@ class DistributedSession:
         self.settings = settings
         self.launcher = launcher
         self.calls: dict[int, int] = {}  # world size -> test calls and hypothesis examples run on ranks
+        self.last_of_size: dict[str, int] = {}  # node id -> world size no later test runs on
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -258,6 +273,14 @@ class DistributedSession:
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         skip_gpu_tests(items, self.settings)
         self.launcher.collected(items)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.last_of_size = last_of_each_size(session.items)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        if item.nodeid in self.last_of_size:
+            self.launcher.done_with(self.last_of_size[item.nodeid])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
@@ -281,7 +304,14 @@ class DistributedSession:
         callspec = getattr(pyfuncitem, "callspec", None)
         token = _PARAMS.set(dict(callspec.params) if callspec else {})
         try:
-            with self.launcher.hypothesis_settings(fn), examples_sent_to(fn, on_ranks):
+            # (the marker, not its condition: the suites' known bugs are unconditional)
+            expected_to_fail = pyfuncitem.get_closest_marker("xfail") and not self.config.option.runxfail
+            unshrunk = (
+                examples.settings_changed(fn, examples.without_shrinking)
+                if expected_to_fail
+                else contextlib.nullcontext()
+            )
+            with self.launcher.hypothesis_settings(fn), unshrunk, examples_sent_to(fn, on_ranks):
                 fn(**funcargs)
         finally:
             _PARAMS.reset(token)
@@ -320,8 +350,9 @@ class DistributedSession:
         bench = kwargs.get("benchmark")
         if benchmark_shim.is_fixture(bench):
             benchmark_shim.mark_used(bench)
-        self.calls[n] = self.calls.get(n, 0) + 1
         outcome = self.launcher.run(task, test)
+        outcome.keep_first_failing_example()
+        self.calls[n] = self.calls.get(n, 0) + outcome.examples()
         item.stash[_outcome_key] = outcome
         if hypothesis_inner:
             replay_hypothesis_calls(outcome)
@@ -329,7 +360,15 @@ class DistributedSession:
             for title, text in outcome.sections():
                 sys.stdout.write("".join(f"[{title}] {line}\n" for line in text.splitlines()))
         verdict = outcome.verdict()
-        self.config.hook.pytest_collectives_call_done(item=item, world_size=n, kwargs=kwargs, verdict=verdict)
+        calls = (
+            examples.each_example(kwargs, verdict, outcome.failed_example())
+            if hypothesis_inner and examples.is_batched(item.obj)
+            else [(kwargs, verdict)]
+        )
+        for call_kwargs, call_verdict in calls:
+            self.config.hook.pytest_collectives_call_done(
+                item=item, world_size=n, kwargs=call_kwargs, verdict=call_verdict
+            )
         unfit = [f"worker group replaced: {'; '.join(outcome.replaced)}"] * bool(outcome.replaced)
         unfit += [f"rank state restored: {'; '.join(outcome.restored)}"] * bool(outcome.restored)
         if unfit and verdict != "failed":
@@ -389,7 +428,7 @@ class DistributedSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.calls:
             sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))
-            calls = f"{sum(self.calls.values())} distributed calls ({sizes})"
+            calls = f"{sum(self.calls.values())} distributed examples ({sizes})"
             terminalreporter.write_line(f"collectives: {self.launcher.summary()}; {calls}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

@@ -26,6 +26,7 @@ from typing import IO, Any
 import pytest
 
 from pytest_collectives.execution import options
+from pytest_collectives.execution.examples import settings_changed
 from pytest_collectives.execution.messages import FAILED, Task
 from pytest_collectives.execution.outcome import GroupOutcome, RankReport
 
@@ -407,13 +408,8 @@ class SpmdLauncher:
     @contextlib.contextmanager
     def hypothesis_settings(self, fn: Any) -> Iterator[None]:
         # Every rank runs its own engine; with the same seed and the same gathered verdicts they agree.
-        holder = getattr(fn, "__func__", fn)
-        current = holder._hypothesis_internal_use_settings
-        holder._hypothesis_internal_use_settings = lockstep_settings(current)
-        try:
+        with settings_changed(fn, lockstep_settings):
             yield
-        finally:
-            holder._hypothesis_internal_use_settings = current
 
     def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
         """Run one call on the first n ranks and gather every rank's outcome, so all give the same verdict."""
@@ -452,17 +448,7 @@ class SpmdLauncher:
         if result.dirty:
             restore_defaults(self.device)
         stdout, stderr = self._captured()
-        report = RankReport(
-            self.env.rank,
-            result.outcome,
-            result.longrepr,
-            stdout=stdout,
-            stderr=stderr,
-            benchmark=result.benchmark,
-            returned=result.returned,
-            dirty=result.dirty,
-            noted=result.noted,
-        )
+        report = RankReport.of(result, stdout=stdout, stderr=stderr, dirty=result.dirty)
         return report, time.time()
 
     def _make_groups(self, items: list[pytest.Item]) -> None:
@@ -491,6 +477,9 @@ class SpmdLauncher:
             return "", ""
         captured = capman.read_global_capture()
         return captured.out, captured.err
+
+    def done_with(self, world_size: int) -> None:
+        pass  # the ranks are the world's: none of them can stop before the session ends
 
     def summary(self) -> str:
         env = self.env

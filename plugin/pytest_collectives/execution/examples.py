@@ -1,0 +1,151 @@
+"""Several hypothesis examples per dispatch: ``@pytest_collectives.examples(**strategies)``.
+
+Written like hypothesis' ``@given`` over a test's per-example parameters, it draws a batch of 1 to BATCH
+examples as one hypothesis example, and every rank runs the whole batch in one call: a dispatch, a seed and
+a result costs a few milliseconds at 8 ranks on 2 cores, more than most examples. After each example the
+ranks agree whether it failed anywhere (RankContext.any_failed, one tiny all-reduce on a group of its own),
+so all of them stop at the same example: one that went on alone would pair its next calls with a call the
+others are still in. Each reports the example it failed (the controller keeps the earliest over the ranks,
+GroupOutcome.keep_first_failing_example, for ranks that could not agree). Hypothesis then shrinks the batch
+like any list, down to the one example that fails, so the minimal example reads ``batch=[{...}]``.
+
+Each example is seeded from its own values, not from the batch it came in: the one shrunk example sees the
+inputs it saw in its batch.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # the ranks import this module for tallied(): hypothesis waits for a test's @examples
+    from hypothesis import strategies as st
+
+BATCH = 16  # the most examples in one dispatch: hypothesis draws lists of 1 to 16, about 6 on average
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclasses.dataclass
+class Tally:
+    """What the examples of one call did on this rank, for its RankResult."""
+
+    ran: int = 0
+    failed_example: int | None = None
+
+
+_TALLY: contextvars.ContextVar[Tally | None] = contextvars.ContextVar("collectives_tally", default=None)
+
+
+@contextmanager
+def tallied() -> Iterator[Tally]:
+    """While in effect, the batches run here count their examples into the tally it yields."""
+    tally = Tally()
+    token = _TALLY.set(tally)
+    try:
+        yield tally
+    finally:
+        _TALLY.reset(token)
+
+
+def examples(**strategies: st.SearchStrategy[Any]) -> Callable[[F], F]:
+    """Like ``hypothesis.given(**strategies)``, with BATCH examples at most per call of the test."""
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        unknown = sorted(set(strategies) - set(signature.parameters))
+        if unknown:
+            raise TypeError(f"@examples: {fn.__qualname__} has no parameter {', '.join(unknown)}")
+        kept = [p for name, p in signature.parameters.items() if name not in strategies]
+
+        def batch_of_examples(*args: Any, **kwargs: Any) -> None:
+            run_batch(fn, kwargs.pop("batch"), args, kwargs)
+
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(batch_of_examples, attr, getattr(fn, attr))
+        batch_of_examples.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*kept, inspect.Parameter("batch", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        )
+        batch_of_examples.__dict__.update(fn.__dict__)  # pytest's marks, applied below this decorator
+        batch_of_examples.collectives_batch = True  # type: ignore[attr-defined]
+        drawn = st.lists(st.fixed_dictionaries(strategies), min_size=1, max_size=BATCH)
+        return given(batch=drawn)(batch_of_examples)  # type: ignore[return-value]
+
+    return decorate
+
+
+def run_batch(
+    fn: Callable[..., Any], batch: list[dict[str, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Run the examples of ``batch`` until one fails on any rank; raise this rank's failure, if any."""
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    tally = _TALLY.get() or Tally()
+    pg = kwargs.get("pg")
+    for i, example in enumerate(batch):
+        if hasattr(pg, "reseed"):
+            pg.reseed(example)
+        failure: Exception | None = None
+        try:
+            fn(*args, **kwargs, **example)
+        except UnsatisfiedAssumption:
+            continue  # turned down on this rank: every rank draws the same, so on every rank
+        except Exception as exc:  # noqa: BLE001 - raised once the ranks agreed to stop here
+            failure, tally.failed_example = exc, i
+        tally.ran += 1
+        stop = pg.any_failed(failure is not None) if hasattr(pg, "any_failed") else failure is not None
+        if failure is not None:
+            raise failure
+        if stop:
+            return  # another rank failed this example: the call's failure is theirs
+    if not tally.ran:
+        raise UnsatisfiedAssumption  # every example turned down: hypothesis draws another batch
+
+
+def each_example(
+    kwargs: dict[str, Any], verdict: str, failed_example: int | None
+) -> Iterator[tuple[dict[str, Any], str]]:
+    """(arguments, verdict) of each example of a batch up to its first failure: those before it passed,
+    and those after it tell nothing."""
+    fixtures = {k: v for k, v in kwargs.items() if k != "batch"}
+    for i, example in enumerate(kwargs["batch"]):
+        failed = verdict == "failed" and failed_example is not None
+        if failed and i == failed_example:
+            yield {**fixtures, **example}, verdict
+            return
+        yield {**fixtures, **example}, "passed" if failed else verdict
+
+
+def is_batched(test: Any) -> bool:
+    """Whether a hypothesis test's inner test is @examples' batch of examples."""
+    return bool(
+        getattr(getattr(test, "hypothesis", None), "inner_test", None).__dict__.get("collectives_batch")
+    )
+
+
+@contextmanager
+def settings_changed(test: Any, change: Callable[[Any], Any]) -> Iterator[None]:
+    """While in effect, the hypothesis test ``test`` runs under ``change(its settings)``."""
+    holder = getattr(test, "__func__", test)
+    current = holder._hypothesis_internal_use_settings
+    holder._hypothesis_internal_use_settings = change(current)
+    try:
+        yield
+    finally:
+        holder._hypothesis_internal_use_settings = current
+
+
+def without_shrinking(current: Any) -> Any:
+    """An expected failure (a known backend bug) needs no minimal example, and shrinking one can take
+    minutes: a batch whose failure needs the examples before it cannot lose any (gloo's uneven all_gather
+    failed only as the 13th of 13 identical examples) until hypothesis' five-minute shrink limit."""
+    from hypothesis import Phase, settings
+
+    return settings(current, phases=[p for p in current.phases if p not in (Phase.shrink, Phase.explain)])

@@ -1,0 +1,107 @@
+"""@pytest_collectives.examples: several hypothesis examples per dispatch, each checked and counted, a
+failure shrunk to the one example that fails, and worker groups stopped once their tests are done."""
+
+from __future__ import annotations
+
+import re
+import types
+
+import pytest
+
+from pytest_collectives.execution.examples import each_example
+from pytest_collectives.execution.messages import FAILED, PASSED
+from pytest_collectives.execution.outcome import GroupOutcome, RankReport
+from pytest_collectives.execution.session import last_of_each_size
+
+BATCHED = """
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import settings, strategies as st
+
+import pytest_collectives
+
+
+@pytest.mark.world_size(3)
+@settings(max_examples=30, database=None, deadline=None)
+@pytest_collectives.examples(n=st.integers(0, 1000), m=st.integers(0, 50))
+def test_rank_one_is_wrong_past_twenty(pg, n, m):
+    t = torch.full((m,), float(pg.rank))
+    dist.all_reduce(t)
+    wrong = pg.rank == 1 and m > 20
+    assert not wrong, f"rank 1 at m={m}"
+
+
+@pytest.mark.world_size(2)
+@settings(max_examples=10, database=None, deadline=None)
+@pytest_collectives.examples(n=st.integers(0, 1000))
+def test_passes(pg, n):
+    t = torch.ones(n % 7)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full_like(t, 2.0))
+
+
+def test_no_group_outlives_its_tests(request):
+    pool = request.config.pluginmanager.get_plugin("collectives-session").launcher.pool
+    assert not pool.groups, f"still running: {sorted(pool.groups)}"
+"""
+
+
+def test_a_batch_fails_at_its_first_failing_example_and_shrinks_to_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_batched=BATCHED)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str()
+    # shrunk to one example, the smallest m that fails, reported on the rank that failed
+    falsifying = out[out.index("Falsifying example") : out.index("ranks did not pass")]
+    assert falsifying.count("'m':") == 1 and re.search(r"'m': 21\b", falsifying), falsifying
+    result.stdout.fnmatch_lines(
+        ["*failed on rank 1; passed on ranks 0,2*", "*AssertionError: rank 1 at m=21*"]
+    )
+    # the closing line counts examples, not dispatches: 10 calls of test_passes drew more than 10
+    found = re.search(r"(\d+) distributed examples \(2 ranks: (\d+), 3 ranks: (\d+)\)", out)
+    assert found is not None, out
+    assert int(found.group(2)) > 10
+
+
+def _report(rank: int, failed_at: int | None) -> RankReport:
+    status = PASSED if failed_at is None else FAILED
+    return RankReport(rank, status, "boom" * (failed_at is not None), examples=8, failed_example=failed_at)
+
+
+def test_only_the_earliest_failing_example_over_the_ranks_is_the_failure() -> None:
+    outcome = GroupOutcome([_report(0, 5), _report(1, 2), _report(2, None)], first_failed=0)
+    outcome.keep_first_failing_example()
+    assert [r.status for r in outcome.ranks] == [PASSED, FAILED, PASSED]
+    assert outcome.first_failed == 1 and outcome.failed_example() == 2
+    assert "(example 3 of the 8 in this call)" in outcome.render()
+
+
+def test_each_example_reports_up_to_the_first_failure() -> None:
+    kwargs = {"pg": "pg", "batch": [{"x": 1}, {"x": 2}, {"x": 3}]}
+    assert list(each_example(kwargs, "failed", 1)) == [
+        ({"pg": "pg", "x": 1}, "passed"),
+        ({"pg": "pg", "x": 2}, "failed"),
+    ]
+    assert [v for _, v in each_example(kwargs, "passed", None)] == ["passed"] * 3
+
+
+def test_the_last_test_of_each_world_size_is_known() -> None:
+    def item(nodeid: str, n: int | None) -> object:
+        callspec = types.SimpleNamespace(params={"world_size": n}) if n else None
+        return types.SimpleNamespace(nodeid=nodeid, callspec=callspec)
+
+    items = [item("a", 2), item("b", 2), item("c", None), item("d", 3), item("e", 2)]
+    assert last_of_each_size(items) == {"e": 2, "d": 3}  # type: ignore[arg-type]
+
+
+def test_examples_names_a_parameter_the_test_lacks() -> None:
+    from hypothesis import strategies as st
+
+    import pytest_collectives
+
+    with pytest.raises(TypeError, match="has no parameter size"):
+
+        @pytest_collectives.examples(size=st.integers())
+        def test_x(pg, n):  # pragma: no cover - never run
+            pass
