@@ -123,12 +123,9 @@ SUITES = Path(__file__).resolve().parents[1] / "suites"
 
 
 def copy_conformance(directory: Path, files: tuple[str, ...] = (), conftest_extra: str = "") -> None:
-    """Conformance suite files copied flat into ``directory``: ``files`` and cases.py beside one conftest.py
-    that holds the suites' settings and the conformance suites' probe of the live group (two files in the
-    tree), then ``conftest_extra``."""
-    probe = (SUITES / "conformance" / "conftest.py").read_text()
-    probe = probe.replace("from __future__ import annotations", "")
-    (directory / "conftest.py").write_text((SUITES / "conftest.py").read_text() + probe + conftest_extra)
+    """Conformance suite files copied unchanged into ``directory`` beside the suites' conftest.py (their
+    hypothesis profiles), followed by ``conftest_extra``, and their manifest of known bugs."""
+    (directory / "conftest.py").write_text((SUITES / "conftest.py").read_text() + conftest_extra)
     (directory / "known_bugs.json").write_text((SUITES / "known_bugs.json").read_text())
-    for name in ("cases.py", *files):
+    for name in files:
         (directory / name).write_text((SUITES / "conformance" / name).read_text())

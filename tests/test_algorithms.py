@@ -152,3 +152,47 @@ def test_an_installed_packages_algorithm_comes_through_its_entry_point(
             "*test_all_reduce_of_a_large_message?ws2-acme_all_reduce? PASSED*",
         ]
     )
+
+
+# A user's own test file over the installed library: no conftest, no suite file. The wrapper under test
+# reduces all but the last element when the message has more than one.
+USERS_TEST_FILE = """
+import pytest
+import torch.distributed as dist
+from hypothesis import settings
+from pytest_collectives import examples
+from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
+from pytest_collectives.conformance.cases import group_of, laid_out, reductions
+
+pytestmark = pytest.mark.conformance
+
+
+def my_all_reduce(tensor, op, group, drop_last):
+    flat = tensor.view(-1)
+    dist.all_reduce(flat[:-1] if drop_last and flat.numel() > 1 else flat, op=op, group=group)
+    return tensor
+
+
+@pytest.mark.world_size(2, 3)
+@pytest.mark.parametrize("drop_last", [False, True])
+@settings(max_examples=10)
+@examples(case=reductions(["all_reduce"], layouts=("contiguous",)))
+def test_my_all_reduce(pg, drop_last, case):
+    group, ranks = group_of(pg, case.members)
+    if group is None:
+        return
+    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
+    tensor = laid_out(inputs[ranks.index(pg.rank)], case.layout, pg.device)
+    assert_reduced_close(my_all_reduce(tensor, reduce_op(case.op), group, drop_last), inputs, case.op)
+"""
+
+
+def test_a_users_own_test_file_draws_from_the_probe_and_catches_their_bug(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mine=USERS_TEST_FILE)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--capability-json", "matrix.json")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["FAILED test_mine.py::test_my_all_reduce?ws2-True?*"], consecutive=False)
+    assert "size=2," in result.stdout.str()  # the minimal example: the smallest message it gets wrong
+    cells = json.loads((pytester.path / "matrix.json").read_text())["cells"]
+    statuses = {c["status"] for c in cells if c["operation"] == "all_reduce"}
+    assert {"FAIL", "N/A"} <= statuses  # drawn from the probe: gloo's refusals are N/A, not drawn

@@ -698,3 +698,30 @@ def test_paths_that_name_world_size_are_told_apart(tmp_path: Path) -> None:
     (tmp_path / "plain" / "test_b.py").write_text("@pytest.mark.world_size(2)\n")
     assert mentions_world_size([tmp_path]) and mentions_world_size([tmp_path / "plain" / "test_b.py"])
     assert not mentions_world_size([tmp_path / "missing.py"])
+
+
+def test_a_module_that_fails_to_import_on_the_ranks_fails_its_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_ranks_only=HEADER
+        + textwrap.dedent(
+            """
+            if dist.is_initialized():  # true on the ranks only, where the group exists before the import
+                raise ImportError("this module imports in pytest's process only")
+
+            @pytest.mark.world_size(2)
+            def test_body(pg):
+                pass
+            """
+        ),
+        test_next=HEADER
+        + textwrap.dedent(
+            """
+            @pytest.mark.world_size(2)
+            def test_after(pg):
+                dist.barrier()
+            """
+        ),
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*ImportError: this module imports in pytest's process only*"])

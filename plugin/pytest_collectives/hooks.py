@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_collectives.algorithms import registry
-from pytest_collectives.conformance import known_bugs
+from pytest_collectives.conformance import known_bugs, probing
 from pytest_collectives.conformance.matrix import CapabilityMatrix
 from pytest_collectives.execution import options, spmd
 from pytest_collectives.execution import xdist as xdist_support
@@ -94,6 +94,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "(no sizes: the --world-sizes; 'max': the largest of them); the test takes the `pg` fixture",
     )
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs (--gpus N); skipped on CPU runs")
+    for line in probing.MARKERS:
+        config.addinivalue_line("markers", line)
+    config.pluginmanager.register(probing, "collectives-probing")  # its fixtures
     config.add_cleanup(registry.forget_session)
     values = {}
     for name, _, _ in options.OPTIONS:

@@ -11,7 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from cases import (
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_collectives import examples
+from pytest_collectives.algorithms import registry
+from pytest_collectives.algorithms.reference import assert_reduced_close, is_exact, rank_input, reduce_op
+from pytest_collectives.conformance.cases import (
     FLOATS,
     LARGE_SIZES,
     Case,
@@ -22,12 +28,8 @@ from cases import (
     reductions,
     registered,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
-from pytest_collectives import examples
-from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import assert_reduced_close, is_exact, rank_input, reduce_op
+pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 
 DECOMPOSITIONS = ["all_reduce", "reduce_broadcast(root=-1)", "reduce_scatter_all_gather"]
 

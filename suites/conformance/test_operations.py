@@ -11,7 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from cases import (
+from hypothesis import strategies as st
+
+from pytest_collectives import examples
+from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
+from pytest_collectives.conformance.capabilities import NO_OP, REDUCE_OPS
+from pytest_collectives.conformance.cases import (
     DENSE,
     FLOATS,
     MAX_RANKS,
@@ -24,11 +29,8 @@ from cases import (
     reductions,
     sentinel,
 )
-from hypothesis import strategies as st
 
-from pytest_collectives import examples
-from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
-from pytest_collectives.conformance.capabilities import NO_OP, REDUCE_OPS
+pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 
 # split sizes an all_to_all_single sends from rank i to rank j: drawn for 8 x 8 and folded onto the group
 SPLITS = st.lists(st.lists(st.integers(0, 40), min_size=8, max_size=8), min_size=8, max_size=8)

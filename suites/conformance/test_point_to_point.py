@@ -8,12 +8,21 @@ import inspect
 
 import pytest
 import torch.distributed as dist
-from cases import LARGE_SIZES, assert_moved, group_of, large, movements, sentinel
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pytest_collectives import examples
 from pytest_collectives.algorithms.reference import rank_input
+from pytest_collectives.conformance.cases import (
+    LARGE_SIZES,
+    assert_moved,
+    group_of,
+    large,
+    movements,
+    sentinel,
+)
+
+pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 
 MODES = ["send_recv", "isend_irecv", "batch_isend_irecv"]
 

@@ -6,16 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cases import (
-    EDGE_SIZES,
-    assert_moved,
-    group_of,
-    movements,
-    of_the_algorithm,
-    reductions,
-    registered,
-    sentinel,
-)
 from hypothesis import strategies as st
 
 from pytest_collectives import examples
@@ -27,6 +17,18 @@ from pytest_collectives.algorithms.reference import (
     rank_input,
     reduce_op,
 )
+from pytest_collectives.conformance.cases import (
+    EDGE_SIZES,
+    assert_moved,
+    group_of,
+    movements,
+    of_the_algorithm,
+    reductions,
+    registered,
+    sentinel,
+)
+
+pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 
 CHUNKS = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 3000))
 

@@ -158,10 +158,10 @@ def refusal(exc: BaseException) -> str | None:
     return None
 
 
-def probe(pg: Any) -> dict[Cell, str]:
-    """On every rank: ``{cell: ""}`` for each supported cell and ``{cell: reason}`` for each refused one.
-    Every rank makes the same calls in the same order, so a refusal
-    raised before any data moves leaves the group in step."""
+def probe(pg: Any) -> Capabilities:
+    """On every rank: what the group's backend supports on the device the rank runs on, ``{cell: ""}``
+    for each supported cell and ``{cell: reason}`` for each refused one. Every rank makes the same calls
+    in the same order, so a refusal raised before any data moves leaves the group in step."""
     n, found = pg.world_size, {}
     for operation, call in {**REDUCTIONS, **DATA_OPERATIONS}.items():
         ops = REDUCE_OPS if operation in REDUCTIONS else [NO_OP]
@@ -173,7 +173,7 @@ def probe(pg: Any) -> dict[Cell, str]:
         found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP)
     if pg.device.type == "cuda":
         torch.cuda.synchronize(pg.device)
-    return found
+    return Capabilities(pg.backend, pg.device.type, n, found)
 
 
 def _attempt(call: Callable[[Any, int, Any], object], tensor: Any, n: int, op: str) -> str:
@@ -229,5 +229,7 @@ def use(capabilities: Capabilities | None) -> None:
 
 def active() -> Capabilities:
     if _active is None:
-        raise RuntimeError("nothing probed: suites/conformance/conftest.py probes the group per world size")
+        raise RuntimeError(
+            "nothing probed: mark the test `conformance` to draw from the probe of the live group"
+        )
     return _active

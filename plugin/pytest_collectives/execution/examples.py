@@ -42,12 +42,11 @@ _TALLY: contextvars.ContextVar[Tally | None] = contextvars.ContextVar("collectiv
 
 
 @contextmanager
-def tallied() -> Iterator[Tally]:
-    """While in effect, the batches run here count their examples into the tally it yields."""
-    tally = Tally()
+def tallied(tally: Tally) -> Iterator[None]:
+    """While in effect, the batches run here count their examples into ``tally``."""
     token = _TALLY.set(tally)
     try:
-        yield tally
+        yield
     finally:
         _TALLY.reset(token)
 
@@ -115,8 +114,8 @@ def each_example(
     """(arguments, verdict) of each example of a batch up to its first failure: those before it passed,
     and those after it tell nothing."""
     fixtures = {k: v for k, v in kwargs.items() if k != "batch"}
+    failed = verdict == "failed" and failed_example is not None
     for i, example in enumerate(kwargs["batch"]):
-        failed = verdict == "failed" and failed_example is not None
         if failed and i == failed_example:
             yield {**fixtures, **example}, verdict
             return

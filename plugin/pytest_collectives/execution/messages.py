@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -68,6 +69,9 @@ class RankResult:
     failed_example: int | None = None  # the first of them that failed on this rank, counted from 0
 
 
-def stable_seed_of(text: str) -> int:
-    """A seed from ``text`` that every process derives alike (unlike hash(), which is salted per process)."""
+def stable_seed_of(text: str, values: Mapping[str, Any] | None = None) -> int:
+    """A seed from ``text`` and the reprs of ``values`` that every process derives alike (unlike hash(),
+    which is salted per process)."""
+    if values is not None:
+        text += repr(sorted((k, repr(v)) for k, v in values.items()))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF

@@ -69,9 +69,9 @@ class GroupOutcome:
         return min((r.failed_example for r in self.ranks if r.failed_example is not None), default=None)
 
     def keep_first_failing_example(self) -> None:
-        """In a batch of examples every rank runs them all: only the earliest example that failed on any
-        rank is the call's failure (hypothesis shrinks the batch to it), and a rank whose first failure
-        came later passed that far."""
+        """In a batch of examples only the earliest example that failed on any rank is the call's failure
+        (hypothesis shrinks the batch to it); a rank whose first failure came later (SPMD ranks do not
+        agree to stop together) passed that far."""
         first = self.failed_example()
         if first is None:
             return

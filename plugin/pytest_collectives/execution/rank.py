@@ -43,7 +43,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from pytest_collectives.algorithms import registry
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
-from pytest_collectives.execution.examples import tallied
+from pytest_collectives.execution.examples import Tally, tallied
 from pytest_collectives.execution.messages import (
     FAILED,
     PASSED,
@@ -113,7 +113,7 @@ class RankContext:
 
     def reseed(self, example: dict[str, Any]) -> None:
         """Seed this rank from one example's values, as a call with that example alone would be."""
-        self.seed = stable_seed_of(repr(sorted((k, repr(v)) for k, v in example.items())))
+        self.seed = stable_seed_of("", example)
         seed_everything(self.seed)
 
     def __repr__(self) -> str:
@@ -360,11 +360,12 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         bench = kwargs["benchmark"] = RankBenchmark(kwargs["benchmark"], ctx.device)
     returned = None
     noted: list[tuple[str, str, str]] = []
+    tally = Tally()
     try:
         fn = test()  # imported outside the example's context: a module's @given must not see one
         with (
             _hypothesis_calls(noted) if task.hypothesis_inner else contextlib.nullcontext(),
-            tallied() as tally,
+            tallied(tally),
         ):
             returned = fn(**kwargs)
         outcome, longrepr = PASSED, ""

@@ -141,7 +141,7 @@ def stable_seed(item: pytest.Function, kwargs: dict[str, Any]) -> int:
     Only the test id and the values hypothesis drew count: fixture values (tmp_path, benchmark, ...) have
     reprs with addresses and per-run paths, so hashing them would give a new seed every run."""
     drawn = {k: v for k, v in kwargs.items() if k not in item.funcargs}
-    return stable_seed_of(item.nodeid + repr(sorted((k, repr(v)) for k, v in drawn.items())))
+    return stable_seed_of(item.nodeid, drawn)
 
 
 def distributed_call(item: pytest.Function) -> tuple[int, dict[str, Any]] | None:

@@ -1,9 +1,10 @@
-"""Hypothesis strategies and rank-side helpers shared by the conformance suites.
+"""Hypothesis strategies and rank-side checks of the conformance suites, for any test file to use.
 
 Values are drawn once, in pytest's process; every rank receives the same draw and rebuilds every rank's
 input from the test's shared seed (reference.rank_input), so the exact reference is computed locally.
-A dtype and reduce op are drawn only where the probe of the live group (conftest.py) found every backend
-call the operation is made of supported: a refused combination is N/A, never drawn and never a pass.
+A dtype and reduce op are drawn only where the probe of the live group (probing.py, for tests marked
+``conformance``) found every backend call the operation is made of supported: a refused combination is
+N/A, never drawn and never a pass.
 """
 
 from __future__ import annotations

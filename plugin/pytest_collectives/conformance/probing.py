@@ -1,0 +1,59 @@
+"""The probe of the live group, once per world size, before a conformance test draws its examples.
+
+A test marked ``conformance`` (or ``needs``) draws its dtypes and reduce ops from what the probe found
+(pytest_collectives.conformance.capabilities.probe, cases.py's strategies); its answer is also the N/A
+cells of the capability matrix. A test marked ``needs(*operations)`` none of which the backend supports
+here is skipped as N/A, saying which.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:  # torch and hypothesis are imported once a conformance test runs, not when pytest starts
+    from pytest_collectives.conformance.capabilities import Capabilities
+
+MARKERS = (
+    "conformance: the test draws its examples from what the backend was probed to support "
+    "(pytest_collectives.conformance.cases); the probe runs once per world size",
+    "needs(*operations, together=False): a conformance test that is N/A where the backend supports none "
+    "of the operations (with together: not all of them with one dtype and op)",
+)
+
+_PROBED = pytest.StashKey[dict[int, "Capabilities"]]()  # per world size, for this session
+
+
+@pytest.fixture(scope="session")
+def capabilities(request: pytest.FixtureRequest, world_size: int) -> Capabilities:
+    """What the backend supports at this world size, probed on the live group once per session."""
+    from pytest_collectives.conformance import capabilities as caps
+    from pytest_collectives.execution.session import run_on_ranks
+
+    probed = request.config.stash.setdefault(_PROBED, {})
+    if world_size not in probed:
+        answers = run_on_ranks(request.config, world_size, caps.probe)
+        if any(answer != answers[0] for answer in answers):
+            differ = [r for r, answer in enumerate(answers) if answer != answers[0]]
+            pytest.fail(f"the ranks' probes disagree on what the backend supports (ranks {differ} vs 0)")
+        probed[world_size] = answers[0]
+        matrix = request.config.pluginmanager.get_plugin("collectives-capabilities")
+        if matrix is not None:
+            matrix.add_probe(probed[world_size])
+    return probed[world_size]
+
+
+@pytest.fixture(autouse=True)
+def _drawn_from_probe(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("needs")
+    if marker is None and request.node.get_closest_marker("conformance") is None:
+        return
+    from pytest_collectives.conformance import capabilities as caps
+    from pytest_collectives.conformance.cases import applicable
+
+    found: Capabilities = request.getfixturevalue("capabilities")
+    caps.use(found)
+    if marker and not applicable(marker.args, **marker.kwargs):
+        names = ", ".join(marker.args)
+        pytest.skip(f"N/A: {found.backend} supports no {names} at {found.world_size} ranks")
