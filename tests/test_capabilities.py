@@ -263,3 +263,32 @@ def test_the_node_report_holds_the_capability_matrix(pytester: pytest.Pytester) 
     check = next(c for c in report["checks"] if c["name"] == "capability matrix")
     assert check["status"] == "PASS" and check["reason"].startswith("gloo (")
     assert "<td>broadcast</td>" in (pytester.path / "report" / "report.html").read_text()
+
+
+@pytest.mark.skipif(
+    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 5),
+    reason=f"torch {torch.__version__} does not load the torch.backends entry points (2.5 does)",
+)
+def test_a_backend_installed_as_a_torch_backends_entry_point_needs_no_module(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package in torch's ``torch.backends`` entry-point group registers its backend when torch is
+    imported, in pytest's process and on every rank: ``--backend`` names it with no --backend-module."""
+    pytester.makepyfile(
+        acme_backend="def load():\n"
+        "    from pytest_collectives.conformance.refbackend import ReferenceBackend, register\n"
+        "    register(type('Acme', (ReferenceBackend,), {'name': 'acme'}))\n",
+        test_acme="import pytest, torch, torch.distributed as dist\n"
+        "@pytest.mark.world_size(2)\n"
+        "def test_acme(pg):\n"
+        "    t = torch.ones(3)\n"
+        "    dist.all_reduce(t)\n"
+        "    assert dist.get_backend() == 'acme' and t.tolist() == [2.0, 2.0, 2.0]\n",
+    )
+    info = pytester.path / "acme_backend-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-backend\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nacme = acme_backend:load\n")
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+    result = pytester.runpytest_subprocess("--backend", "acme", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
