@@ -17,9 +17,23 @@ from pytest_collectives.execution.session import settings_of
 _COMMON = {"deadline": None, "print_blob": True, "suppress_health_check": [HealthCheck.too_slow]}
 # The conformance suites batch their examples (@pytest_collectives.examples): max_examples counts batches
 # of 1 to 16 examples, about 6 on average, and a large-message test takes a twentieth of it, 3 at least.
-settings.register_profile("ci", max_examples=20, **_COMMON)
+# ci is a budget per run: 20 batches a test at each of up to 3 world sizes; more world sizes share
+# CI_BATCHES_PER_TEST (10 each at 7), so a run stays near 10,000 examples and 3 minutes here.
+CI_BATCHES = 20
+CI_BATCHES_PER_TEST = 70
+settings.register_profile("ci", max_examples=CI_BATCHES, **_COMMON)
 settings.register_profile("thorough", max_examples=400, **_COMMON)
 settings.load_profile("ci")  # --hypothesis-profile thorough (hypothesis' own option) overrides this
+
+
+@pytest.hookimpl(trylast=True)  # after the plugin settled the world sizes and hypothesis its profile
+def pytest_configure(config: pytest.Config) -> None:
+    current = getattr(settings, "get_current_profile_name", lambda: settings._current_profile)()
+    if current == "ci":
+        sizes = len(settings_of(config).world_sizes)
+        batches = min(CI_BATCHES, CI_BATCHES_PER_TEST // sizes)
+        settings.register_profile("ci", max_examples=batches, **_COMMON)
+        settings.load_profile("ci")
 
 # (option, default on CPU, default with GPUs): like nccl-tests -b, -e, -f
 SWEEP = (
