@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.register_profile("ci", max_examples=batches, **_COMMON)
         settings.load_profile("ci")
 
+
 # (option, default on CPU, default with GPUs): like nccl-tests -b, -e, -f
 SWEEP = (
     ("--min-bytes", "4K", "8"),

@@ -154,36 +154,36 @@ def test_an_installed_packages_algorithm_comes_through_its_entry_point(
     )
 
 
-# A user's own test file over the installed library: no conftest, no suite file. The wrapper under test
-# reduces all but the last element when the message has more than one.
+# A user's own test file over the installed library: no conftest, no suite file. Two all-reduces of
+# theirs: a right one, and one that leaves the last element unreduced.
 USERS_TEST_FILE = """
 import pytest
 import torch.distributed as dist
 from hypothesis import settings
 from pytest_collectives import examples
-from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
-from pytest_collectives.conformance.cases import group_of, laid_out, reductions
+from pytest_collectives.conformance.cases import reductions
+from pytest_collectives.conformance.properties import all_reduce_matches_reference
 
 pytestmark = pytest.mark.conformance
 
 
-def my_all_reduce(tensor, op, group, drop_last):
+def my_all_reduce(tensor, op, group):
+    dist.all_reduce(tensor, op=op, group=group)
+    return tensor
+
+
+def my_all_reduce_but_the_last(tensor, op, group):
     flat = tensor.view(-1)
-    dist.all_reduce(flat[:-1] if drop_last and flat.numel() > 1 else flat, op=op, group=group)
+    dist.all_reduce(flat[:-1] if flat.numel() > 1 else flat, op=op, group=group)
     return tensor
 
 
 @pytest.mark.world_size(2, 3)
-@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("mine", [my_all_reduce, my_all_reduce_but_the_last], ids=["right", "wrong"])
 @settings(max_examples=10)
 @examples(case=reductions(["all_reduce"], layouts=("contiguous",)))
-def test_my_all_reduce(pg, drop_last, case):
-    group, ranks = group_of(pg, case.members)
-    if group is None:
-        return
-    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
-    tensor = laid_out(inputs[ranks.index(pg.rank)], case.layout, pg.device)
-    assert_reduced_close(my_all_reduce(tensor, reduce_op(case.op), group, drop_last), inputs, case.op)
+def test_my_all_reduce(pg, mine, case):
+    all_reduce_matches_reference(pg, mine, case)
 """
 
 
@@ -191,7 +191,7 @@ def test_a_users_own_test_file_draws_from_the_probe_and_catches_their_bug(pytest
     pytester.makepyfile(test_mine=USERS_TEST_FILE)
     result = pytester.runpytest("-p", "no:cacheprovider", "--capability-json", "matrix.json")
     result.assert_outcomes(passed=2, failed=2)
-    result.stdout.fnmatch_lines(["FAILED test_mine.py::test_my_all_reduce?ws2-True?*"], consecutive=False)
+    result.stdout.fnmatch_lines(["FAILED test_mine.py::test_my_all_reduce?ws2-wrong?*"], consecutive=False)
     assert "size=2," in result.stdout.str()  # the minimal example: the smallest message it gets wrong
     cells = json.loads((pytester.path / "matrix.json").read_text())["cells"]
     statuses = {c["status"] for c in cells if c["operation"] == "all_reduce"}

@@ -17,11 +17,10 @@ from hypothesis import strategies as st
 from pytest_collectives import examples
 from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import assert_reduced_close, is_exact, rank_input, reduce_op
+from pytest_collectives.conformance import properties
 from pytest_collectives.conformance.cases import (
     FLOATS,
     LARGE_SIZES,
-    Case,
-    group_of,
     laid_out,
     large,
     of_the_algorithm,
@@ -34,18 +33,6 @@ pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 DECOMPOSITIONS = ["all_reduce", "reduce_broadcast(root=-1)", "reduce_scatter_all_gather"]
 
 
-def run(pg, algorithm: str, case: Case) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
-    """Run one algorithm on the drawn case: (this rank's result, every member's input), or None off-group."""
-    group, ranks = group_of(pg, case.members)
-    if group is None:
-        return None
-    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
-    tensor = laid_out(inputs[ranks.index(pg.rank)], case.layout, pg.device)
-    result = registry.get(algorithm)(tensor, reduce_op(case.op), group=group)
-    assert result is tensor, f"{algorithm} must work in place and return its tensor"
-    return result, inputs
-
-
 # Each algorithm is its own test with its own examples: drawn from one pool, the rings got too few of
 # them to be sure of meeting each op (a planted MIN-as-MAX in the rings went unseen in 160 examples).
 @pytest.mark.world_size()
@@ -54,9 +41,7 @@ def run(pg, algorithm: str, case: Case) -> tuple[torch.Tensor, list[torch.Tensor
 def test_all_reduce_matches_exact_reference(pg, algorithm, case):
     """Every reduce op the algorithm claims and the backend calls it is made of support, AVG and
     PREMUL_SUM included."""
-    out = run(pg, algorithm, case)
-    if out is not None:
-        assert_reduced_close(*out, case.op)
+    properties.all_reduce_matches_reference(pg, registry.get(algorithm), case)
 
 
 # One large message per call: a batch of them would take seconds.
@@ -66,9 +51,7 @@ def test_all_reduce_matches_exact_reference(pg, algorithm, case):
 @given(case=of_the_algorithm(reductions, sizes=LARGE_SIZES))
 def test_all_reduce_of_a_large_message(pg, algorithm, case):
     """64 Ki and 1 Mi elements (plus a small size): where chunked and pipelined schedules split."""
-    out = run(pg, algorithm, case)
-    if out is not None:
-        assert_reduced_close(*out, case.op)
+    properties.all_reduce_matches_reference(pg, registry.get(algorithm), case)
 
 
 @pytest.mark.world_size()
@@ -76,7 +59,7 @@ def test_all_reduce_of_a_large_message(pg, algorithm, case):
 @examples(case=reductions(DECOMPOSITIONS, together=True))
 def test_decompositions_agree_with_each_other(pg, case):
     """Exact dtypes and ops must agree bit for bit; rounding may differ only within the reference bound."""
-    results = [run(pg, name, case) for name in DECOMPOSITIONS]
+    results = [properties.run_all_reduce(pg, registry.get(name), case) for name in DECOMPOSITIONS]
     if results[0] is None:
         return
     exact = is_exact(case.dtype, case.op)

@@ -11,12 +11,8 @@ from hypothesis import strategies as st
 from pytest_collectives import examples
 from pytest_collectives.algorithms import collectives as alg
 from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import (
-    assert_gemm_sum_close,
-    assert_reduced_close,
-    rank_input,
-    reduce_op,
-)
+from pytest_collectives.algorithms.reference import rank_input
+from pytest_collectives.conformance import properties
 from pytest_collectives.conformance.cases import (
     EDGE_SIZES,
     assert_moved,
@@ -33,27 +29,13 @@ pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 CHUNKS = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 3000))
 
 
-def blocks_of(inputs: list[torch.Tensor], n: int, me: int) -> list[torch.Tensor]:
-    """Every rank's contribution to block ``me`` of the reduce-scatter."""
-    return [x.view(n, -1)[me] for x in inputs]
-
-
 @pytest.mark.world_size()
 @pytest.mark.parametrize("algorithm", registered("reduce_scatter"))
 @examples(case=of_the_algorithm(reductions, sizes=CHUNKS), in_place=st.booleans())
 def test_reduce_scatter_matches_exact_reference(pg, algorithm, case, in_place):
-    """Every registered reduce-scatter (the backend's, the ring with S = k n steps, users'). In place, the
-    output is this rank's own block of the input, which NCCL and gloo both allow."""
-    group, ranks = group_of(pg, case.members)
-    if group is None:
-        return
-    n, me, chunk = len(ranks), ranks.index(pg.rank), case.size
-    inputs = [rank_input(pg.seed, r, n * chunk, case.dtype) for r in ranks]
-    source = inputs[me].to(pg.device, copy=True)
-    output = source.view(n, -1)[me] if in_place else sentinel(chunk, case.dtype, pg.device)
-    result = registry.get(algorithm)(output, source, reduce_op(case.op), group=group)
-    assert result is output, f"{algorithm} must return its output"
-    assert_reduced_close(output, blocks_of(inputs, n, me), case.op)
+    """Every registered reduce-scatter (the backend's, the ring with S = k n steps, users'), in and out of
+    place."""
+    properties.reduce_scatter_matches_reference(pg, registry.get(algorithm), case, in_place)
 
 
 @pytest.mark.world_size()
@@ -105,12 +87,6 @@ def test_ring_reduce_scatter_rejects_bad_steps(pg):
 )
 def test_gemm_reduce_scatter(pg, algorithm, case, rows_per_rank, inner, cols):
     """Pipelined or not, the result is this rank's row block of sum_r A_r @ B_r (matmul + reduce-scatter)."""
-    n, me, dtype = pg.world_size, pg.rank, case.dtype
-    m = rows_per_rank * n
-    # each rank's own K_r: ranks may hold different inner dimensions
-    a = [rank_input(pg.seed, r, (m, inner + r), dtype) for r in range(n)]
-    b = [rank_input(pg.seed + 1, r, (inner + r, cols), dtype) for r in range(n)]
-    mine_a, mine_b = a[me].to(pg.device, copy=True), b[me].to(pg.device, copy=True)
-    result = registry.get(algorithm)(mine_a, mine_b, group=pg.group)
-    rows = slice(me * rows_per_rank, (me + 1) * rows_per_rank)
-    assert_gemm_sum_close(result, [x[rows] for x in a], b)
+    properties.gemm_reduce_scatter_matches_reference(
+        pg, registry.get(algorithm), case, rows_per_rank, inner, cols
+    )
