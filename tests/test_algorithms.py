@@ -79,6 +79,68 @@ def test_a_users_all_reduce_from_a_conftest_is_checked_and_a_wrong_one_named(
     )
 
 
+# The other contracts: an all-to-all posting every send and receive at once, a broadcast, and the same
+# broadcast with a classic bug, the root ignored (every rank receives group rank 0's tensor).
+USERS_MOVEMENTS = """
+import torch
+import torch.distributed as dist
+from pytest_collectives import algorithm
+
+
+@algorithm("all_to_all", uses=("send_recv",))
+def users_all_to_all(output, input, output_splits, input_splits, group):
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+
+    def blocks(tensor, splits):
+        flat = tensor.view(-1)
+        return flat.tensor_split(n) if splits is None else flat.split(splits)
+
+    sends, receives = blocks(input.contiguous(), input_splits), blocks(output, output_splits)
+    receives[me].copy_(sends[me])
+    peers = [p for p in range(n) if p != me]
+    ops = [dist.P2POp(dist.isend, sends[p], dist.get_global_rank(group, p), group) for p in peers]
+    ops += [dist.P2POp(dist.irecv, receives[p], dist.get_global_rank(group, p), group) for p in peers]
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    return output
+
+
+def _broadcast(tensor, root, group):
+    dist.broadcast(tensor, src=dist.get_global_rank(group, root), group=group)
+    return tensor
+
+
+@algorithm("broadcast", uses=("broadcast",))
+def users_broadcast(tensor, root, group):
+    return _broadcast(tensor, root, group)
+
+
+@algorithm("broadcast", uses=("broadcast",))
+def users_broadcast_from_zero(tensor, root, group):
+    return _broadcast(tensor, 0, group)
+"""
+
+
+def test_users_all_to_all_and_broadcast_are_checked_and_a_wrong_one_named(pytester: pytest.Pytester) -> None:
+    copy_conformance(pytester.path, ("test_operations.py",), conftest_extra=USERS_MOVEMENTS)
+    result = pytester.runpytest(
+        "test_operations.py", "-k", "users_", "--world-sizes", "2", "--capability-json", "matrix.json",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_operations.py::test_broadcast[2-users_broadcast_from_zero]*"])
+    out = result.stdout.str()
+    # the minimal example: the one root it gets wrong, and one element
+    assert "operations=('users_broadcast_from_zero',)" in out and "size=1," in out and "root=1" in out
+    assert "users_broadcast_from_zero from group rank 1 seen on group rank 1" in out
+    cells = json.loads((pytester.path / "matrix.json").read_text())["cells"]
+    statuses = {c["operation"]: set() for c in cells}
+    for c in cells:
+        statuses[c["operation"]].add(c["status"])
+    assert "FAIL" in statuses["users_broadcast_from_zero"] and "FAIL" not in statuses["users_broadcast"]
+    assert "PASS" in statuses["users_all_to_all"] and "FAIL" not in statuses["users_all_to_all"]
+
+
 def test_the_grid_names_each_variant_and_bad_registrations_are_errors() -> None:
     try:
 

@@ -64,6 +64,34 @@ MUTANTS = [
         "mutant_ring_reduce_scatter",
     ),
     (
+        "ring-all-gather-receives-into-the-wrong-block",
+        "blocks[(rank - step - 1) % n]",
+        "blocks[(rank - step + 1) % n]",
+        "test_reduce_scatter.py",
+        "mutant_ring_all_gather",
+    ),
+    (
+        "all-to-all-cuts-its-output-by-the-input-splits",
+        "_blocks(work, output_splits, n)",
+        "_blocks(work, input_splits, n)",
+        "test_operations.py",
+        "mutant_pairwise_all_to_all",
+    ),
+    (
+        "tree-broadcast-receives-into-a-copy",
+        "dist.recv(work, src=",
+        "dist.recv(work.clone(), src=",
+        "test_operations.py",
+        "mutant_binomial_tree_broadcast",
+    ),
+    (
+        "tree-reduce-folds-into-the-scratch-buffer",
+        "combine(work, received)",
+        "combine(received, work)",
+        "test_operations.py",
+        "mutant_binomial_tree_reduce",
+    ),
+    (
         "gemm-reduce-scatter-drops-partial-sum",
         "partial = received.add_(upcoming)",
         "partial = upcoming",
@@ -86,11 +114,11 @@ register(mutant, prefix="mutant_")
 """
 
 
-def plant(directory: Path, original: str, planted: str, test_file: str) -> None:
+def plant(directory: Path, original: str, planted: str, *test_files: str) -> None:
     source = Path(pytest_collectives.algorithms.collectives.__file__).read_text()
     assert source.count(original) == 1, f"the mutation site {original!r} is not unique in collectives.py"
     (directory / "mutant.py").write_text(source.replace(original, planted))
-    copy_conformance(directory, (test_file,), conftest_extra=PLANTED_PROFILE + REGISTER_MUTANT)
+    copy_conformance(directory, test_files, conftest_extra=PLANTED_PROFILE + REGISTER_MUTANT)
 
 
 @pytest.mark.parametrize("name, original, planted, test_file, select", MUTANTS, ids=[m[0] for m in MUTANTS])
@@ -144,15 +172,18 @@ def test_the_unmutated_copy_passes(pytester: pytest.Pytester, tmp_path: Path) ->
     bool transfers also came back wrong and a rank crashed on the replay, once in CI: only the
     decomposition is checked there.)
     """
-    plant(pytester.path, "def all_reduce_direct(", "def all_reduce_direct(", "test_all_reduce.py")
+    files = sorted({m[3] for m in MUTANTS})
+    plant(pytester.path, "def all_reduce_direct(", "def all_reduce_direct(", *files)
     honours = gloo_reduce_scatter_honours_op(tmp_path)
-    variants = "mutant_" if honours else "mutant_reduce_scatter"
+    # every test that selects a mutant above, less the large messages, which take most of the time
+    selection = "mutant_ and not large" if honours else "matches_exact_reference and mutant_reduce_scatter"
     result = pytester.runpytest(
-        "test_all_reduce.py", "-k", f"matches_exact_reference and {variants}", "--world-sizes", "3",
+        *(files if honours else ["test_all_reduce.py"]), "-k", selection, "--world-sizes", "3",
         "--hypothesis-profile", "planted", "-p", "no:cacheprovider",
     )  # fmt: skip
     if honours:
-        result.assert_outcomes(passed=5)
+        # 5 all-reduces, 3 reduce-scatters, 3 GEMM + reduce-scatters, and 2 each of the other four
+        result.assert_outcomes(passed=19)
     else:
         result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines(

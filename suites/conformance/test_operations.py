@@ -1,4 +1,5 @@
-"""The backend's other operations against exact references, each checked on every rank of the group.
+"""The backend's other operations against exact references, each checked on every rank of the group; for
+reduce, broadcast and all-to-all, every registered implementation of them (the backend's call among them).
 
 Inputs are distinct per rank and element (rank_input), outputs start as a sentinel no input holds (NaN,
 or 0 for integers), so an element the backend never wrote is counted apart from a wrong one. Inputs come
@@ -14,7 +15,9 @@ import torch.distributed as dist
 from hypothesis import strategies as st
 
 from pytest_collectives import examples
+from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
+from pytest_collectives.conformance import properties
 from pytest_collectives.conformance.capabilities import NO_OP, REDUCE_OPS
 from pytest_collectives.conformance.cases import (
     DENSE,
@@ -23,10 +26,11 @@ from pytest_collectives.conformance.cases import (
     Calls,
     assert_moved,
     cases,
-    group_of,
     laid_out,
     movements,
+    of_the_algorithm,
     reductions,
+    registered,
     sentinel,
 )
 
@@ -36,50 +40,26 @@ pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 SPLITS = st.lists(st.lists(st.integers(0, 40), min_size=8, max_size=8), min_size=8, max_size=8)
 
 
-def _members(pg, case):
-    group, ranks = group_of(pg, case.members)
-    if group is None:
-        return None
-    return group, ranks, len(ranks), ranks.index(pg.rank)
+@pytest.mark.world_size()
+@pytest.mark.parametrize("algorithm", registered("reduce"))
+@examples(case=of_the_algorithm(reductions, layouts=DENSE))
+def test_reduce(pg, algorithm, case):
+    """The backend's reduce and every registered one: the root holds the reduction."""
+    properties.reduce_matches_reference(pg, registry.get(algorithm), case)
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs("reduce")
-@examples(case=reductions(["reduce"], layouts=DENSE))
-def test_reduce(pg, case):
-    """The root holds the reduction; other ranks' buffers are unspecified (torch documents only dst's)."""
-    found = _members(pg, case)
-    if found is None:
-        return
-    group, ranks, n, me = found
-    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
-    tensor = laid_out(inputs[me], case.layout, pg.device)
-    root = case.root % n
-    dist.reduce(tensor, dst=ranks[root], op=reduce_op(case.op), group=group)
-    if me == root:
-        assert_reduced_close(tensor, inputs, case.op)
-
-
-@pytest.mark.world_size()
-@pytest.mark.needs("broadcast")
-@examples(case=movements(["broadcast"]))
-def test_broadcast(pg, case):
-    found = _members(pg, case)
-    if found is None:
-        return
-    group, ranks, n, me = found
-    root = case.root % n
-    sent = rank_input(pg.seed, ranks[root], case.size, case.dtype)
-    tensor = laid_out(sent if me == root else sentinel(case.size, case.dtype, "cpu"), case.layout, pg.device)
-    dist.broadcast(tensor, src=ranks[root], group=group)
-    assert_moved(tensor, sent, f"broadcast from group rank {root} seen on group rank {me}")
+@pytest.mark.parametrize("algorithm", registered("broadcast"))
+@examples(case=of_the_algorithm(movements))
+def test_broadcast(pg, algorithm, case):
+    properties.broadcast_matches_reference(pg, registry.get(algorithm), case)
 
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_gather")
 @examples(case=movements(["all_gather"]))
 def test_all_gather_list(pg, case):
-    found = _members(pg, case)
+    found = properties.members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
@@ -99,7 +79,7 @@ def test_all_gather_list(pg, case):
 def test_all_gather_list_uneven(pg, case, extra):
     """The list all_gather with a size per rank (torch: "uneven sized tensors are supported"): group rank
     i contributes case.size + extra[i] elements."""
-    found = _members(pg, case)
+    found = properties.members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
@@ -115,7 +95,7 @@ def test_all_gather_list_uneven(pg, case, extra):
 @pytest.mark.needs("reduce_scatter")
 @examples(case=reductions(["reduce_scatter"], sizes=st.integers(0, 2000), layouts=DENSE))
 def test_reduce_scatter_list(pg, case):
-    found = _members(pg, case)
+    found = properties.members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
@@ -127,22 +107,12 @@ def test_reduce_scatter_list(pg, case):
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs("all_to_all_single")
-@examples(case=movements(["all_to_all_single"], members=st.none()), splits=SPLITS, even=st.booleans())
-def test_all_to_all_single(pg, case, splits, even):
-    """Even splits (none given) or any split matrix, zeros included: rank i sends splits[i][j] to j."""
-    n, me = pg.world_size, pg.rank
-    sizes = [[case.size % 41] * n for _ in range(n)] if even else [row[:n] for row in splits[:n]]
-    chunks = [[rank_input(pg.seed, i * 64 + j, sizes[i][j], case.dtype) for j in range(n)] for i in range(n)]
-    source = laid_out(torch.cat(chunks[me]), case.layout, pg.device)
-    received = [chunks[i][me] for i in range(n)]
-    output = sentinel(sum(x.numel() for x in received), case.dtype, pg.device)
-    if even:
-        dist.all_to_all_single(output, source)
-    else:
-        column = [sizes[i][me] for i in range(n)]
-        dist.all_to_all_single(output, source, output_split_sizes=column, input_split_sizes=sizes[me])
-    assert_moved(output, torch.cat(received), f"all_to_all_single on rank {me}, splits {sizes}")
+@pytest.mark.parametrize("algorithm", registered("all_to_all"))
+@examples(case=of_the_algorithm(movements), splits=SPLITS, even=st.booleans())
+def test_all_to_all_single(pg, algorithm, case, splits, even):
+    """The backend's all_to_all_single and every registered all-to-all: even splits (none given) or any
+    split matrix, zeros included: group rank i sends splits[i][j] to j."""
+    properties.all_to_all_matches_reference(pg, registry.get(algorithm), case, None if even else splits)
 
 
 @pytest.mark.world_size()
@@ -201,7 +171,7 @@ def test_channels_last_is_read_and_written_as_laid_out(pg, case, shape):
 @examples(case=movements(["gather"]))
 def test_gather(pg, case):
     """The root's list holds every member's input in group-rank order (a permutation is caught)."""
-    found = _members(pg, case)
+    found = properties.members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
@@ -217,7 +187,7 @@ def test_gather(pg, case):
 @pytest.mark.needs("scatter")
 @examples(case=movements(["scatter"]))
 def test_scatter(pg, case):
-    found = _members(pg, case)
+    found = properties.members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found

@@ -11,17 +11,13 @@ from hypothesis import strategies as st
 from pytest_collectives import examples
 from pytest_collectives.algorithms import collectives as alg
 from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import rank_input
 from pytest_collectives.conformance import properties
 from pytest_collectives.conformance.cases import (
     EDGE_SIZES,
-    assert_moved,
-    group_of,
     movements,
     of_the_algorithm,
     reductions,
     registered,
-    sentinel,
 )
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
@@ -39,10 +35,11 @@ def test_reduce_scatter_matches_exact_reference(pg, algorithm, case, in_place):
 
 
 @pytest.mark.world_size()
-@pytest.mark.needs("all_gather_single")
-@examples(case=movements(["all_gather_single"], sizes=CHUNKS), in_place=st.booleans())
-def test_backend_all_gather(pg, case, in_place):
-    check_all_gather_single(pg, case, in_place, stacked=False)
+@pytest.mark.parametrize("algorithm", registered("all_gather"))
+@examples(case=of_the_algorithm(movements, sizes=CHUNKS), in_place=st.booleans())
+def test_all_gather_matches_exact_reference(pg, algorithm, case, in_place):
+    """The backend's all_gather_single and every registered all-gather, in and out of place."""
+    properties.all_gather_matches_reference(pg, registry.get(algorithm), case, in_place)
 
 
 @pytest.mark.world_size()
@@ -50,21 +47,8 @@ def test_backend_all_gather(pg, case, in_place):
 @examples(case=movements(["all_gather_single_stacked"], sizes=CHUNKS), in_place=st.booleans())
 def test_backend_all_gather_into_a_stacked_output(pg, case, in_place):
     """The output may also stack the ranks' inputs, (n, chunk), as DTensor asks for."""
-    check_all_gather_single(pg, case, in_place, stacked=True)
-
-
-def check_all_gather_single(pg, case, in_place: bool, stacked: bool) -> None:
-    group, ranks = group_of(pg, case.members)
-    if group is None:
-        return
-    n, me, chunk = len(ranks), ranks.index(pg.rank), case.size
-    inputs = [rank_input(pg.seed, r, chunk, case.dtype) for r in ranks]
-    output = sentinel((n, chunk) if stacked else n * chunk, case.dtype, pg.device)
-    mine = output.view(n, -1)[me] if in_place else torch.empty(chunk, dtype=case.dtype, device=pg.device)
-    mine.copy_(inputs[me])
-    alg.all_gather_single(output, mine, group=group)
-    expected = torch.stack(inputs) if stacked else torch.cat(inputs)
-    assert_moved(output, expected, f"all_gather_single of {n} x {chunk} {case.dtype}, stacked={stacked}")
+    backend = registry.get("all_gather_single")
+    properties.all_gather_matches_reference(pg, backend, case, in_place, stacked=True)
 
 
 @pytest.mark.world_size()

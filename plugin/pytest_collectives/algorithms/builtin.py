@@ -20,7 +20,7 @@ P2P_OPS = ("sum", "product", "min", "max", "avg", "band", "bor", "bxor")
 
 
 def register(alg: types.ModuleType, prefix: str = "") -> None:
-    """Register the all-reduces, reduce-scatters and GEMM + reduce-scatters defined in ``alg``."""
+    """Register the algorithms defined in ``alg`` (and the backend's own operations beside them)."""
 
     def add(operation: str, name: str, fn, **contract) -> None:  # noqa: ANN001
         algorithm(operation, prefix + name, stacklevel=3, **contract)(fn)
@@ -61,6 +61,34 @@ def register(alg: types.ModuleType, prefix: str = "") -> None:
         "gemm_reduce_scatter", "gemm_reduce_scatter_sequential", alg.gemm_reduce_scatter_sequential,
         uses=("reduce_scatter_single",), ops=("sum",),
     )  # fmt: skip
+
+    def backend_all_gather(output: torch.Tensor, input: torch.Tensor, group) -> torch.Tensor:  # noqa: ANN001
+        alg.all_gather_single(output, input, group=group)
+        return output
+
+    add("all_gather", "all_gather_single", backend_all_gather, uses=("all_gather_single",))
+    add("all_gather", "ring_all_gather", alg.ring_all_gather, uses=("send_recv",))
+
+    def backend_all_to_all(output, input, output_splits, input_splits, group) -> torch.Tensor:  # noqa: ANN001
+        dist.all_to_all_single(output, input, output_splits, input_splits, group=group)
+        return output
+
+    add("all_to_all", "all_to_all_single", backend_all_to_all, uses=("all_to_all_single",))
+    add("all_to_all", "pairwise_all_to_all", alg.pairwise_all_to_all, uses=("send_recv",))
+
+    def backend_broadcast(tensor: torch.Tensor, root: int, group) -> torch.Tensor:  # noqa: ANN001
+        dist.broadcast(tensor, src=dist.get_global_rank(group, root), group=group)
+        return tensor
+
+    add("broadcast", "broadcast", backend_broadcast, uses=("broadcast",))
+    add("broadcast", "binomial_tree_broadcast", alg.binomial_tree_broadcast, uses=("send_recv",))
+
+    def backend_reduce(tensor: torch.Tensor, root: int, op, group) -> torch.Tensor:  # noqa: ANN001
+        dist.reduce(tensor, dst=dist.get_global_rank(group, root), op=op, group=group)
+        return tensor
+
+    add("reduce", "reduce", backend_reduce, uses=("reduce",))
+    add("reduce", "binomial_tree_reduce", alg.binomial_tree_reduce, uses=("send_recv",), ops=P2P_OPS)
 
 
 def _size(group: dist.ProcessGroup | None) -> int:

@@ -1,4 +1,4 @@
-"""All-reduce and reduce-scatter algorithms under test, built from torch.distributed primitives.
+"""Collective algorithms under test, built from torch.distributed primitives.
 
 Every function takes an optional ``group`` (None means the default group), works for any group size
 n >= 1 and on subgroups, and runs on whatever device its tensors live on (gloo on CPU, NCCL on CUDA).
@@ -16,6 +16,10 @@ Sources:
   PyTorch" tutorial (seed 002).
 - ring_reduce_scatter, gemm_reduce_scatter: the ring-based reduce-scatter pipelining of nvFuser PR
   #2950 (seed 003), which reproduces TransformerEngine's GEMM + reduce-scatter comm/compute overlap.
+- ring_all_gather: the all-gather phase of the bandwidth-optimal ring, on its own.
+- binomial_tree_broadcast, binomial_tree_reduce, pairwise_all_to_all: MPICH's short-message broadcast
+  and reduce and its pairwise-exchange all-to-all (R. Thakur, R. Rabenseifner and W. Gropp,
+  "Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1), 2005).
 """
 
 from __future__ import annotations
@@ -32,9 +36,13 @@ __all__ = [
     "all_reduce_direct",
     "all_reduce_reduce_broadcast",
     "all_reduce_reduce_scatter_all_gather",
+    "binomial_tree_broadcast",
+    "binomial_tree_reduce",
     "gemm_reduce_scatter",
     "gemm_reduce_scatter_sequential",
     "naive_ring_all_reduce",
+    "pairwise_all_to_all",
+    "ring_all_gather",
     "ring_all_reduce",
     "ring_reduce_scatter",
 ]
@@ -220,6 +228,120 @@ def gemm_reduce_scatter_sequential(a: Tensor, b: Tensor, group: dist.ProcessGrou
     return out
 
 
+def ring_all_gather(output: Tensor, input: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
+    """Ring all-gather, like ``dist.all_gather_into_tensor``: ``output`` (n blocks of ``input.numel()``
+    elements, any shape, read flat) ends with group rank r's input in block r. ``input`` may be this
+    rank's own block of ``output``.
+
+    Rank r starts with its own block in place; at step s it sends block (r - s) mod n to its right
+    neighbour and receives block (r - s - 1) mod n from its left, the one its left neighbour received
+    one step earlier. After n - 1 steps every rank holds every block, each having crossed each link once.
+    """
+    rank, n, left, right = _ring(group, output.device)
+    if output.numel() != n * input.numel():
+        raise ValueError(
+            f"output has {output.numel()} elements, expected {n} x {input.numel()} (group size x input)"
+        )
+    with _dense(output) as work:
+        blocks = work.view(-1).tensor_split(n)
+        blocks[rank].copy_(input.reshape(-1))
+        for step in range(n - 1):
+            _wait(_shift(blocks[(rank - step) % n], blocks[(rank - step - 1) % n], left, right, group))
+    return output
+
+
+def binomial_tree_broadcast(tensor: Tensor, root: int = 0, group: dist.ProcessGroup | None = None) -> Tensor:
+    """Broadcast of group rank ``root``'s tensor over a binomial tree, in place.
+
+    Ranks are numbered relative to the root (v = (r - root) mod n). Rank v > 0 receives once, from v
+    with its lowest set bit cleared; then, for each power of two m below that bit, it sends to v + m
+    (where that rank exists). The root sends to 2^k, ..., 2, 1: the data reaches every rank in
+    ceil(log2 n) rounds, which is why MPICH uses it for short messages.
+    """
+    rank, n = _place(group, tensor.device)
+    me = (rank - root) % n
+    with _dense(tensor) as work:
+        mask = 1
+        while mask < n:
+            if me & mask:
+                dist.recv(work, src=_global(group, me - mask + root), group=group)
+                break
+            mask <<= 1
+        mask >>= 1
+        while mask:
+            if me + mask < n:
+                dist.send(work, dst=_global(group, me + mask + root), group=group)
+            mask >>= 1
+    return tensor
+
+
+def binomial_tree_reduce(
+    tensor: Tensor, root: int = 0, op: ReduceOp = ReduceOp.SUM, group: dist.ProcessGroup | None = None
+) -> Tensor:
+    """Reduction of every rank's tensor into group rank ``root``'s, over a binomial tree, in place.
+
+    The broadcast's tree run backwards: with ranks numbered relative to the root (v = (r - root) mod n),
+    in round m = 1, 2, 4, ... a rank with bit m set sends its partial result to v - m and is done; the
+    others fold in what v + m sends, where that rank exists. Other ranks' tensors end holding partial
+    results (torch documents nothing for them either). Same ops as ring_all_reduce.
+    """
+    combine = _combiner(op)
+    rank, n = _place(group, tensor.device)
+    me = (rank - root) % n
+    with _dense(tensor) as work:
+        received = torch.empty_like(work)
+        mask = 1
+        while mask < n:
+            if me & mask:
+                dist.send(work, dst=_global(group, me - mask + root), group=group)
+                break
+            if me + mask < n:
+                dist.recv(received, src=_global(group, me + mask + root), group=group)
+                combine(work, received)
+            mask <<= 1
+        if me == 0 and op == ReduceOp.AVG:
+            work.div_(n)
+    return tensor
+
+
+def pairwise_all_to_all(
+    output: Tensor,
+    input: Tensor,
+    output_splits: list[int] | None = None,
+    input_splits: list[int] | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> Tensor:
+    """All-to-all by pairwise exchange, like ``dist.all_to_all_single``: block j of ``input`` (read flat,
+    ``input_splits[j]`` elements, or equal blocks) goes to group rank j, and block i of ``output`` comes
+    from group rank i.
+
+    Rank r keeps its own block, then at step s = 1 .. n - 1 sends to r + s and receives from r - s
+    (mod n) at once: every rank sends and receives exactly one block a step, so no link or rank is a
+    hot spot. An empty block is neither sent nor received (both ends know its size).
+    """
+    rank, n = _place(group, output.device)
+    sends = _blocks(input.contiguous(), input_splits, n)
+    with _dense(output) as work:
+        receives = _blocks(work, output_splits, n)
+        receives[rank].copy_(sends[rank])
+        for step in range(1, n):
+            to, source = (rank + step) % n, (rank - step) % n
+            ops = []
+            if sends[to].numel():
+                ops.append(dist.P2POp(dist.isend, sends[to], _global(group, to), group))
+            if receives[source].numel():
+                ops.append(dist.P2POp(dist.irecv, receives[source], _global(group, source), group))
+            if ops:
+                _wait(dist.batch_isend_irecv(ops))
+    return output
+
+
+def _blocks(tensor: Tensor, splits: list[int] | None, n: int) -> tuple[Tensor, ...]:
+    """Views of the dense ``tensor``, read flat: ``splits[j]`` elements each, or n equal blocks."""
+    flat = tensor.view(-1)
+    return flat.tensor_split(n) if splits is None else flat.split(splits)
+
+
 def _pipelined_ring_reduce_scatter(
     contribution: Callable[[int, int], Tensor], outputs: tuple[Tensor, ...], group: dist.ProcessGroup | None
 ) -> None:
@@ -268,18 +390,31 @@ def _resolve(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     return dist.group.WORLD if group is None else group
 
 
-def _ring(group: dist.ProcessGroup | None, device: torch.device) -> tuple[int, int, int, int]:
-    """This rank's place in the group's ring: (group rank, group size, left peer, right peer).
+def _place(group: dist.ProcessGroup | None, device: torch.device) -> tuple[int, int]:
+    """(group rank, group size) for an algorithm made of point-to-point ops.
 
-    Peers are global ranks, which is what P2P ops take. gloo's send and recv hand the raw data pointer
-    to a socket, so a CUDA tensor would abort the process: refuse it while every rank can still raise.
+    gloo's send and recv hand the raw data pointer to a socket, so a CUDA tensor would abort the process:
+    refuse it while every rank can still raise.
     """
     group = _resolve(group)
     if device.type != "cpu" and dist.get_backend(group) == "gloo":
         raise NotImplementedError(
             f"gloo point-to-point ops take CPU tensors only, got a {device.type} tensor"
         )
-    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _global(group: dist.ProcessGroup | None, rank: int) -> int:
+    """The global rank of group rank ``rank`` (taken mod the group size): what P2P ops address."""
+    group = _resolve(group)
+    return dist.get_global_rank(group, rank % dist.get_world_size(group))
+
+
+def _ring(group: dist.ProcessGroup | None, device: torch.device) -> tuple[int, int, int, int]:
+    """This rank's place in the group's ring: (group rank, group size, left peer, right peer); peers are
+    global ranks, which is what P2P ops take."""
+    rank, n = _place(group, device)
+    group = _resolve(group)
     return rank, n, dist.get_global_rank(group, (rank - 1) % n), dist.get_global_rank(group, (rank + 1) % n)
 
 

@@ -48,12 +48,21 @@ __all__ = [
 
 ENTRY_POINTS = "pytest_collectives.algorithms"
 
+# Ranks named in a contract (root) are group ranks.
 CONTRACTS = {
     "all_reduce": "fn(tensor, op, group, **params) -> tensor: tensor reduced over the group in place",
     "reduce_scatter": "fn(output, input, op, group, **params) -> output: output holds this rank's block "
     "(input viewed as group-size blocks) reduced over the group",
     "gemm_reduce_scatter": "fn(a, b, group, **params) -> this rank's row block of the sum over ranks of "
     "a @ b",
+    "all_gather": "fn(output, input, group, **params) -> output: output (group-size blocks of input's "
+    "size, read flat) holds group rank i's input in block i; input may be this rank's block of output",
+    "all_to_all": "fn(output, input, output_splits, input_splits, group, **params) -> output: block j of "
+    "input (input_splits[j] elements, or equal blocks where None) goes to group rank j, block i of "
+    "output comes from group rank i",
+    "broadcast": "fn(tensor, root, group, **params) -> tensor: every rank's tensor becomes root's, in place",
+    "reduce": "fn(tensor, root, op, group, **params) -> tensor: root's tensor reduced over the group in "
+    "place; other ranks' tensors unspecified",
 }
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -19,12 +19,21 @@ from pytest_collectives.algorithms.reference import (
     rank_input,
     reduce_op,
 )
-from pytest_collectives.conformance.cases import Case, group_of, laid_out, sentinel
+from pytest_collectives.conformance.cases import Case, assert_moved, group_of, laid_out, sentinel
 
 
 def name_of(implementation: Callable[..., Any]) -> str:
     """A registered algorithm's name (with its parameters), or a function's."""
     return getattr(implementation, "name", None) or getattr(implementation, "__name__", repr(implementation))
+
+
+def members(pg: Any, case: Case) -> tuple[Any, list[int], int, int] | None:
+    """(group, its global ranks, its size, this rank's group rank) of the drawn subgroup, or None on a
+    rank outside it. Every rank calls this: creating a group is collective over the world."""
+    group, ranks = group_of(pg, case.members)
+    if group is None:
+        return None
+    return group, ranks, len(ranks), ranks.index(pg.rank)
 
 
 def run_all_reduce(
@@ -85,3 +94,79 @@ def gemm_reduce_scatter_matches_reference(
     result = gemm_reduce_scatter(mine_a, mine_b, group=pg.group)
     rows = slice(me * rows_per_rank, (me + 1) * rows_per_rank)
     assert_gemm_sum_close(result, [x[rows] for x in a], b)
+
+
+def all_gather_matches_reference(
+    pg: Any, all_gather: Callable[..., torch.Tensor], case: Case, in_place: bool, stacked: bool = False
+) -> None:
+    """``all_gather(output, input, group=)``: every member's output holds the members' inputs in group-rank
+    order, into a flat ``(n * size)`` output or, ``stacked``, an ``(n, size)`` one. In place, the input is
+    this rank's own block of the output; out of place the output starts as a sentinel."""
+    found = members(pg, case)
+    if found is None:
+        return
+    group, ranks, n, me = found
+    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
+    output = sentinel((n, case.size) if stacked else n * case.size, case.dtype, pg.device)
+    mine = output.view(n, -1)[me] if in_place else torch.empty(case.size, dtype=case.dtype, device=pg.device)
+    mine.copy_(inputs[me])
+    result = all_gather(output, mine, group=group)
+    assert result is output, f"{name_of(all_gather)} must return its output"
+    expected = torch.stack(inputs) if stacked else torch.cat(inputs)
+    what = f"{name_of(all_gather)} of {n} x {case.size} {case.dtype} on group rank {me}, stacked={stacked}"
+    assert_moved(output, expected, what)
+
+
+def all_to_all_matches_reference(
+    pg: Any, all_to_all: Callable[..., torch.Tensor], case: Case, splits: list[list[int]] | None
+) -> None:
+    """``all_to_all(output, input, output_splits, input_splits, group=)``: group rank i sends
+    ``splits[i][j]`` elements to group rank j (the drawn matrix folded onto the group; zeros included),
+    or, with no splits, ``case.size % 41`` to each rank with None for the split lists. Each rank's output
+    is what every member sent it, in group-rank order."""
+    found = members(pg, case)
+    if found is None:
+        return
+    group, ranks, n, me = found
+    even = splits is None
+    sizes = [[case.size % 41] * n for _ in range(n)] if even else [row[:n] for row in splits[:n]]
+    chunks = [[rank_input(pg.seed, i * 64 + j, sizes[i][j], case.dtype) for j in range(n)] for i in range(n)]
+    source = laid_out(torch.cat(chunks[me]), case.layout, pg.device)
+    received = [chunks[i][me] for i in range(n)]
+    output = sentinel(sum(x.numel() for x in received), case.dtype, pg.device)
+    column = [sizes[i][me] for i in range(n)]
+    result = all_to_all(output, source, None if even else column, None if even else sizes[me], group=group)
+    assert result is output, f"{name_of(all_to_all)} must return its output"
+    assert_moved(output, torch.cat(received), f"{name_of(all_to_all)} on group rank {me}, splits {sizes}")
+
+
+def broadcast_matches_reference(pg: Any, broadcast: Callable[..., torch.Tensor], case: Case) -> None:
+    """``broadcast(tensor, root, group=)``: every member ends with group rank ``case.root % n``'s tensor,
+    in place; the others start as a sentinel, so an element never received is counted as such."""
+    found = members(pg, case)
+    if found is None:
+        return
+    group, ranks, n, me = found
+    root = case.root % n
+    sent = rank_input(pg.seed, ranks[root], case.size, case.dtype)
+    start = sent if me == root else sentinel(case.size, case.dtype, "cpu")
+    tensor = laid_out(start, case.layout, pg.device)
+    result = broadcast(tensor, root, group=group)
+    assert result is tensor, f"{name_of(broadcast)} must work in place and return its tensor"
+    assert_moved(tensor, sent, f"{name_of(broadcast)} from group rank {root} seen on group rank {me}")
+
+
+def reduce_matches_reference(pg: Any, reduce: Callable[..., torch.Tensor], case: Case) -> None:
+    """``reduce(tensor, root, op, group=)``: group rank ``case.root % n`` holds the reduction of the
+    members' inputs; other ranks' buffers are unspecified (torch documents only the root's)."""
+    found = members(pg, case)
+    if found is None:
+        return
+    group, ranks, n, me = found
+    root = case.root % n
+    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
+    tensor = laid_out(inputs[me], case.layout, pg.device)
+    result = reduce(tensor, root, reduce_op(case.op), group=group)
+    assert result is tensor, f"{name_of(reduce)} must work in place and return its tensor"
+    if me == root:
+        assert_reduced_close(tensor, inputs, case.op)
