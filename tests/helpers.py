@@ -122,6 +122,13 @@ def gpu_data() -> dict:
 SUITES = Path(__file__).resolve().parents[1] / "suites"
 
 
+def torch_below(major: int, minor: int) -> bool:
+    """Whether the installed torch is older than ``major.minor`` (the condition of a version skip)."""
+    import torch
+
+    return tuple(int(part) for part in torch.__version__.split(".")[:2]) < (major, minor)
+
+
 def copy_conformance(directory: Path, files: tuple[str, ...] = (), conftest_extra: str = "") -> None:
     """Conformance suite files copied unchanged into ``directory`` beside the suites' conftest.py (their
     hypothesis profiles), followed by ``conftest_extra``, and their manifest of known bugs."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import copy_conformance
+from helpers import copy_conformance, torch_below
 
 from pytest_collectives.algorithms import registry
 
@@ -46,7 +46,7 @@ def users_dropping_tail(tensor, op, group, chunks):
 
 
 @pytest.mark.skipif(
-    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13),
+    torch_below(2, 13),
     reason=f"gloo on torch {torch.__version__} crashed a rank replaying this test's 64 Ki all_gather once in "
     "CI (2.2): checked on 2.13",
 )
@@ -184,7 +184,7 @@ def test_an_algorithm_registered_twice_from_two_files_is_an_error(pytester: pyte
 
 
 @pytest.mark.skipif(
-    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13),
+    torch_below(2, 13),
     reason=f"a rank on torch {torch.__version__} segfaulted in this test once in CI (2.2): checked on 2.13",
 )
 def test_an_installed_packages_algorithm_comes_through_its_entry_point(

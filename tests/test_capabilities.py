@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import copy_conformance
+from helpers import copy_conformance, torch_below
 
 from pytest_collectives.conformance.capabilities import Capabilities, refusal
 from pytest_collectives.conformance.matrix import CapabilityMatrix
@@ -16,7 +16,7 @@ from pytest_collectives.conformance.matrix import CapabilityMatrix
 # The reference backends are Python ProcessGroups; torch 2.2's c10d crashes in them (a segfault in
 # all_reduce, "Expected a proper Tensor but got None" on its peers). Run on 2.13; the floor skips them.
 python_backends = pytest.mark.skipif(
-    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13),
+    torch_below(2, 13),
     reason=f"Python ProcessGroup backends crash on torch {torch.__version__}: checked on 2.13",
 )
 
@@ -229,7 +229,7 @@ def test_torch_fake_backend_fails_loudly(pytester: pytest.Pytester) -> None:
 
 
 @pytest.mark.skipif(
-    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13),
+    torch_below(2, 13),
     reason=f"gloo on torch {torch.__version__} has bugs the suites catch (README): checked on 2.13",
 )
 def test_one_rank_is_a_world_size(pytester: pytest.Pytester) -> None:
@@ -267,7 +267,7 @@ def test_the_node_report_holds_the_capability_matrix(pytester: pytest.Pytester) 
 
 
 @pytest.mark.skipif(
-    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 5),
+    torch_below(2, 5),
     reason=f"torch {torch.__version__} does not load the torch.backends entry points (2.5 does)",
 )
 def test_a_backend_installed_as_a_torch_backends_entry_point_needs_no_module(

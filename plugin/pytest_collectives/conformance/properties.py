@@ -41,11 +41,12 @@ def run_all_reduce(
 ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
     """``all_reduce(tensor, op, group=)`` on the drawn case, in the drawn layout: (this rank's result,
     every member's input), or None on a rank outside the drawn subgroup."""
-    group, ranks = group_of(pg, case.members)
-    if group is None:
+    found = members(pg, case)
+    if found is None:
         return None
+    group, ranks, _, me = found
     inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
-    tensor = laid_out(inputs[ranks.index(pg.rank)], case.layout, pg.device)
+    tensor = laid_out(inputs[me], case.layout, pg.device)
     result = all_reduce(tensor, reduce_op(case.op), group=group)
     assert result is tensor, f"{name_of(all_reduce)} must work in place and return its tensor"
     return result, inputs
@@ -64,10 +65,11 @@ def reduce_scatter_matches_reference(
     """``reduce_scatter(output, input, op, group=)``: this rank's output is its block of the reduction of
     the members' inputs (``case.size`` elements a block). In place, the output is this rank's own block of
     the input, which NCCL and gloo both allow; out of place it starts as a sentinel."""
-    group, ranks = group_of(pg, case.members)
-    if group is None:
+    found = members(pg, case)
+    if found is None:
         return
-    n, me, chunk = len(ranks), ranks.index(pg.rank), case.size
+    group, ranks, n, me = found
+    chunk = case.size
     inputs = [rank_input(pg.seed, r, n * chunk, case.dtype) for r in ranks]
     source = inputs[me].to(pg.device, copy=True)
     output = source.view(n, -1)[me] if in_place else sentinel(chunk, case.dtype, pg.device)
