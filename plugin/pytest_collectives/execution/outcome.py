@@ -51,6 +51,9 @@ class GroupOutcome:
     restored: list[str] = dataclasses.field(default_factory=list)  # what was put back on a rank kept (SPMD)
     # In a hang: the rank outside the collective every other hung rank waits in, and that collective.
     culprit: tuple[int, str] | None = None
+    # In a batch of examples: the values of the one that failed, which the shrunk batch may still follow
+    # passing examples with (hypothesis cannot always delete them), so the report names it alone.
+    failing_example: str = ""
 
     def verdict(self) -> str:
         statuses = {r.status for r in self.ranks}
@@ -92,6 +95,8 @@ class GroupOutcome:
         """The failure text: a summary line, then each failing rank in order, the likely cause first."""
         bad = [r for r in self.ranks if r.status != PASSED]
         lines = [self._summary(bad)]
+        if self.failing_example:
+            lines.append(f"the failing example: {self.failing_example}")
         blamed = self.first_failed if self.culprit is None else self.culprit[0]
         order = sorted(bad, key=lambda r: (r.rank != blamed, r.rank))
         for report in order:

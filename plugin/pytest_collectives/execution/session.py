@@ -306,12 +306,8 @@ class DistributedSession:
         try:
             # (the marker, not its condition: the suites' known bugs are unconditional)
             expected_to_fail = pyfuncitem.get_closest_marker("xfail") and not self.config.option.runxfail
-            unshrunk = (
-                examples.settings_changed(fn, examples.without_shrinking)
-                if expected_to_fail
-                else contextlib.nullcontext()
-            )
-            with self.launcher.hypothesis_settings(fn), unshrunk, examples_sent_to(fn, on_ranks):
+            phases = examples.phases_changed(fn, bool(expected_to_fail))
+            with self.launcher.hypothesis_settings(fn), phases, examples_sent_to(fn, on_ranks):
                 fn(**funcargs)
         finally:
             _PARAMS.reset(token)
@@ -360,11 +356,12 @@ class DistributedSession:
             for title, text in outcome.sections():
                 sys.stdout.write("".join(f"[{title}] {line}\n" for line in text.splitlines()))
         verdict = outcome.verdict()
-        calls = (
-            examples.each_example(kwargs, verdict, outcome.failed_example())
-            if hypothesis_inner and examples.is_batched(item.obj)
-            else [(kwargs, verdict)]
-        )
+        batched = hypothesis_inner and examples.is_batched(item.obj)
+        failed_at = outcome.failed_example() if batched else None
+        calls = examples.each_example(kwargs, verdict, failed_at) if batched else [(kwargs, verdict)]
+        if verdict == "failed" and failed_at is not None:
+            example = kwargs["batch"][failed_at]
+            outcome.failing_example = ", ".join(f"{k}={v!r}" for k, v in example.items())
         for call_kwargs, call_verdict in calls:
             self.config.hook.pytest_collectives_call_done(
                 item=item, world_size=n, kwargs=call_kwargs, verdict=call_verdict
