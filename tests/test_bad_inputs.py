@@ -75,9 +75,9 @@ CASES = [
     usage("gpus-word", "--gpus", "two", message="--gpus two: expected a whole number of GPUs, e.g. --gpus 8"),
     usage("gpus-fraction", "--gpus", "1.5", message="--gpus 1.5: expected a whole number of GPUs*"),
     usage("gpus-empty", "--gpus", "", message="--gpus : expected a whole number of GPUs*"),
-    usage("gpus-on-cpu", "--gpus", "2", message="--gpus 2: no CUDA GPU found*; drop --gpus to run on CPU*"),
+    usage("gpus-on-cpu", "--gpus", "2", message="--gpus 2: no GPU or other accelerator*; drop --gpus*"),
     usage("gpus-more-than-present", "--gpus", "8", gpus_present=2,
-          message="--gpus 8: only 2 CUDA GPU(s) found; use --gpus 2 or fewer"),
+          message="--gpus 8: only 2 GPU(s) found; use --gpus 2 or fewer"),
     usage("gpus-ini", message="--gpus many: expected a whole number of GPUs*", ini="gpus = many"),
     usage("world-sizes-0", "--world-sizes", "0", message="--world-sizes 0: * at least 1 rank"),
     usage("world-sizes-negative", "--world-sizes=-2,2", message="--world-sizes -2,2: * at least 1 rank"),
@@ -85,7 +85,7 @@ CASES = [
     usage("world-sizes-word", "--world-sizes", "two", message="--world-sizes two: expected comma-separated*"),
     usage("world-sizes-gap", "--world-sizes", "2,,3", message="--world-sizes 2,,3: expected comma-sep*"),
     usage("world-sizes-ini", message="--world-sizes 2;3: expected comma-separated*", ini="world_sizes = 2;3"),
-    usage("backend-nccl-on-cpu", "--backend", "nccl", message="--backend nccl needs GPUs: add --gpus N*"),
+    usage("backend-nccl-on-cpu", "--backend", "nccl", message="--backend nccl runs on cuda*not on CPU*"),
     usage("backend-unknown", "--backend", "mpi", message="--backend mpi: this torch has no 'mpi' backend*"),
     usage("timeout-0", "--dist-timeout", "0", message="--dist-timeout 0: * positive number of seconds"),
     usage("timeout-negative", "--dist-timeout", "-1", message="--dist-timeout -1: * positive number*"),
@@ -197,7 +197,7 @@ def run_case(
         if what == "unreadable" and _readable_despite_chmod(path):
             pytest.skip("running as root: chmod 000 does not stop reads, so the file is not unreadable")
     if case.gpus_present is not None:
-        monkeypatch.setattr(options, "count_cuda_gpus", lambda: case.gpus_present)
+        monkeypatch.setattr(options, "count_accelerators", lambda: case.gpus_present)
     before = snapshot(pytester.path / "baselines", pytester.path / "named.json")
     result = pytester.runpytest(
         "-p", "no:randomly", "--benchmark-min-rounds", "5", "--benchmark-max-time", "0.01", *args

@@ -199,20 +199,44 @@ def test_unknown_backend_and_module_are_usage_errors(pytester: pytest.Pytester) 
     result.stderr.fnmatch_lines(["ERROR: --backend-module no_such_module_here: can't import it (*"])
 
 
-def test_backend_names_are_checked_against_what_torch_has():
+def test_backend_names_and_devices_are_checked_against_what_torch_has():
     from pytest_collectives.execution import options
 
     def have() -> list[str]:
-        return ["gloo", "nccl", "refgloo"]
+        return ["gloo", "nccl", "refgloo", "xccl"]
 
-    assert options._backend("cpu:gloo,cuda:nccl", 2, have) == "cpu:gloo,cuda:nccl"
-    assert options._backend("refgloo", 0, have) == "refgloo"
+    runs_on = {"gloo": ["cpu", "cuda"], "nccl": ["cuda"], "refgloo": ["cpu"], "xccl": ["xpu"]}
+
+    def devices(backend: str) -> list[str]:
+        return options.backend_devices(backend) if ":" in backend else runs_on.get(backend, ["cpu", "cuda"])
+
+    assert options._backend("cpu:gloo,cuda:nccl", "cuda", have, devices) == "cpu:gloo,cuda:nccl"
+    assert options._backend("refgloo", "cpu", have, devices) == "refgloo"
+    assert options._backend("", "xpu", have, devices) == "xccl"  # torch's default for the device type
     with pytest.raises(
-        options.OptionError, match="this torch has no 'ucc' backend .it has gloo, nccl, refgloo"
+        options.OptionError, match="this torch has no 'ucc' backend .it has gloo, nccl, refgloo, xccl"
     ):
-        options._backend("ucc", 0, have)
-    with pytest.raises(options.OptionError, match="needs GPUs"):
-        options._backend("cpu:gloo,cuda:nccl", 0, have)
+        options._backend("ucc", "cpu", have, devices)
+    with pytest.raises(options.OptionError, match="--backend nccl runs on cuda devices, not on CPU ranks"):
+        options._backend("nccl", "cpu", have, devices)
+    with pytest.raises(
+        options.OptionError, match="--backend refgloo runs on cpu, not on this machine's xpu devices.*is xccl"
+    ):
+        options._backend("refgloo", "xpu", have, devices)
+
+
+def test_a_backend_registered_for_another_device_is_a_usage_error_on_cpu(pytester: pytest.Pytester) -> None:
+    """What a backend runs on comes from its registration (``register_backend(devices=)``), not its name."""
+    pytester.makepyfile(
+        hpu_only="import torch.distributed as dist\n"
+        "from pytest_collectives.conformance.refbackend import ReferenceBackend\n"
+        "if 'HPUONLY' not in dist.Backend._plugins:\n"
+        "    dist.Backend.register_backend('hpuonly', ReferenceBackend, devices=['hpu'])\n"
+    )
+    result = pytester.runpytest_subprocess("--backend-module", "hpu_only", "--backend", "hpuonly")
+    result.stderr.fnmatch_lines(
+        ["ERROR: --backend hpuonly runs on hpu devices, not on CPU ranks: add --gpus N*"]
+    )
 
 
 def test_torch_fake_backend_fails_loudly(pytester: pytest.Pytester) -> None:

@@ -53,7 +53,7 @@ def test_gpu_usage_errors_name_the_count(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(): pass")
     n = gpu_count()
     result = pytester.runpytest("--gpus", str(n + 1))
-    message = f"ERROR: --gpus {n + 1}: only {n} CUDA GPU(s) found; use --gpus {n} or fewer"
+    message = f"ERROR: --gpus {n + 1}: only {n} GPU(s) found; use --gpus {n} or fewer"
     result.stderr.fnmatch_lines([message])
 
 

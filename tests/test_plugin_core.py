@@ -513,8 +513,8 @@ def test_unpicklable_argument_is_a_clear_failure(pytester: pytest.Pytester) -> N
     [
         (["--gpus", "-1"], "--gpus -1: the number of GPUs can't be negative*"),
         (["--gpus", "two"], "--gpus two: expected a whole number of GPUs*"),
-        (["--gpus", "2"], "--gpus 2: no CUDA GPU found on this machine*"),
-        (["--backend", "nccl"], "--backend nccl needs GPUs*"),
+        (["--gpus", "2"], "--gpus 2: no GPU or other accelerator (torch.accelerator) found on this machine*"),
+        (["--backend", "nccl"], "--backend nccl runs on cuda devices, not on CPU ranks: add --gpus N*"),
         (["--backend", "mpi"], "--backend mpi: this torch has no 'mpi' backend*"),
         (["--world-sizes", "0,2"], "--world-sizes 0,2: every world size must be at least 1 rank"),
         (["--world-sizes", "2,2"], "--world-sizes 2,2: a world size is listed twice*"),

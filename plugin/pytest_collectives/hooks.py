@@ -107,9 +107,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if env is None and not getattr(config.option, "numprocesses", None):
             _expect_groups(config)
         if env is None:
-            settings = options.resolve(values, options.count_cuda_gpus)
+            settings = options.resolve(values, options.count_accelerators)
         else:
-            settings = spmd.settings_for(values, env, options.count_cuda_gpus)
+            settings = spmd.settings_for(values, env, options.count_accelerators)
         xdist_support.configure(config, settings, os.environ)
     except (options.OptionError, spmd.SpmdError) as exc:
         raise pytest.UsageError(str(exc)) from None

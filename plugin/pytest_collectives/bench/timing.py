@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_collectives.bench import shim as benchmark_shim
+from pytest_collectives.execution import devices
 
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -226,7 +227,7 @@ def measure(fn: Callable[[], Any], device: Any, rounds: int, iterations: int = 1
     import torch.distributed as dist
 
     grouped = dist.is_initialized()
-    timer = _CudaTimer() if device.type == "cuda" else _CpuTimer()
+    timer = _CpuTimer() if device.type == "cpu" else _DeviceTimer(device)
     times = []
     result = None
     for _ in range(rounds):
@@ -254,18 +255,17 @@ class _CpuTimer:
         return (time.perf_counter_ns() - self._t0) / 1e9
 
 
-class _CudaTimer:
-    """CUDA events around the round on the current stream: the GPU's time, not the launch's."""
+class _DeviceTimer:
+    """Device events (CUDA's on a GPU) around the round on the current stream: the device's time, not the
+    launch's."""
 
-    def __init__(self) -> None:
-        import torch
-
-        self.torch = torch
-        self.begin = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.begin = devices.timing_event(device)
+        self.end = devices.timing_event(device)
 
     def sync(self) -> None:
-        self.torch.cuda.synchronize()
+        devices.synchronize(self.device)
 
     def start(self) -> None:
         self.begin.record()

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
 from pytest_collectives.algorithms.reference import OPS, reduce_op
+from pytest_collectives.execution import devices
 
 __all__ = [
     "DATA_OPERATIONS",
@@ -171,8 +172,7 @@ def probe(pg: Any) -> Capabilities:
                 found[operation, dtype_name(dtype), op] = _attempt(call, tensor, n, op)
     for name, call in _WHOLE_GROUP.items():
         found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP)
-    if pg.device.type == "cuda":
-        torch.cuda.synchronize(pg.device)
+    devices.synchronize(pg.device)
     return Capabilities(pg.backend, pg.device.type, n, found)
 
 

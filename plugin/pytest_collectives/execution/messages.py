@@ -19,6 +19,7 @@ class GroupSpec:
     world_size: int
     backend: str
     devices: tuple[str, ...]  # the GPUs, one per rank, as CUDA_VISIBLE_DEVICES names them; empty on CPU
+    device_type: str  # of those devices: cuda, or another accelerator's (xpu, hpu, ...)
     store_path: str  # FileStore rendezvous: no port to choose, none to collide on
     workdir: str  # where each rank writes its captured output and stack dumps
     timeout_s: float  # the backend's own timeout, kept above the controller's deadline

@@ -14,11 +14,17 @@ DEFAULT_TIMEOUT_S = 120.0
 
 # (name, help, default as ini text)
 OPTIONS = (
-    ("gpus", "run distributed tests on N CUDA GPUs with one rank per GPU (default 0: CPU ranks)", "0"),
+    (
+        "gpus",
+        "run distributed tests on N accelerators (torch.accelerator: CUDA GPUs, XPUs, ...) with one rank "
+        "per device (default 0: CPU ranks)",
+        "0",
+    ),
     (
         "backend",
         "torch.distributed backend: any this torch has (gloo, nccl, ucc, mpi, xccl), one registered with "
-        "Backend.register_backend, or 'cpu:gloo,cuda:nccl' (default: nccl with --gpus, else gloo)",
+        "Backend.register_backend, or 'cpu:gloo,cuda:nccl' (default: torch's backend for the device type: "
+        "nccl on CUDA GPUs, xccl on XPUs, gloo on CPU)",
         "",
     ),
     (
@@ -40,6 +46,7 @@ class OptionError(ValueError):
 class Settings:
     gpus: int = 0
     backend: str = "gloo"
+    device_type: str = "cpu"  # the ranks' devices: cpu, or the accelerator's type with --gpus
     backend_modules: tuple[str, ...] = ()  # imported before a group starts, here and on every rank
     world_sizes: tuple[int, ...] = CPU_WORLD_SIZES
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -59,10 +66,11 @@ def _gpus(text: str, count_gpus: Callable[[], int]) -> int:
         found = count_gpus()
         if found == 0:
             raise OptionError(
-                f"--gpus {gpus}: no CUDA GPU found on this machine; drop --gpus to run on CPU with gloo"
+                f"--gpus {gpus}: no GPU or other accelerator (torch.accelerator) found on this machine; "
+                "drop --gpus to run on CPU ranks"
             )
         if gpus > found:
-            raise OptionError(f"--gpus {gpus}: only {found} CUDA GPU(s) found; use --gpus {found} or fewer")
+            raise OptionError(f"--gpus {gpus}: only {found} GPU(s) found; use --gpus {found} or fewer")
     return gpus
 
 
@@ -92,12 +100,69 @@ def backend_modules(text: str, load: Callable[[str], object] = importlib.import_
     return names
 
 
-def _backend(text: str, gpus: int, available: Callable[[], list[str]] = available_backends) -> str:
-    backend = text or ("nccl" if gpus else "gloo")
+def accelerator_type() -> str:
+    """The device type of this machine's accelerator (cuda, xpu, hpu, ...): torch.accelerator's, where this
+    torch has it (2.6 and later), else CUDA's."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        return "cuda"
+    found = accelerator.current_accelerator()
+    return found.type if found is not None else "cuda"
+
+
+def count_accelerators() -> int:
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return accelerator.device_count() if accelerator.is_available() else 0
+
+
+def backend_devices(backend: str) -> list[str]:
+    """The device types ``backend`` runs on, as torch.distributed records them (a built-in's, or what
+    ``Backend.register_backend(devices=)`` said); a 'cpu:gloo,cuda:nccl' string runs on those it names."""
+    import torch.distributed as dist
+
+    if ":" in backend:
+        return [part.split(":", 1)[0].strip().lower() for part in backend.split(",")]
+    # (torch before 2.1 kept no such record: its built-ins' then)
+    recorded = getattr(dist.Backend, "backend_capability", {"nccl": ["cuda"]})
+    return list(recorded.get(backend.lower(), ["cpu", "cuda"]))
+
+
+def default_backend(device_type: str) -> str:
+    """torch's backend for ``device_type`` (nccl on cuda, xccl on xpu, gloo on cpu, or a registered one)."""
+    import torch.distributed as dist
+
+    defaults = getattr(dist.Backend, "default_device_backend_map", {"cpu": "gloo", "cuda": "nccl"})
+    return defaults.get(device_type, "gloo")
+
+
+def _backend(
+    text: str,
+    device_type: str,
+    available: Callable[[], list[str]] = available_backends,
+    devices_of: Callable[[str], list[str]] = backend_devices,
+) -> str:
+    backend = text or default_backend(device_type)
+    runs_on = devices_of(backend)
+    if device_type not in runs_on:
+        where = ", ".join(runs_on)
+        if device_type == "cpu":
+            raise OptionError(
+                f"--backend {backend} runs on {where} devices, not on CPU ranks: add --gpus N (one rank per "
+                "device), or use --backend gloo on CPU"
+            )
+        raise OptionError(
+            f"--backend {backend} runs on {where}, not on this machine's {device_type} devices: drop --gpus "
+            f"to run it on CPU ranks, or pick a backend for {device_type} (torch's is "
+            f"{default_backend(device_type)})"
+        )
     # "cpu:gloo,cuda:nccl" names a backend per device type
     names = [part.split(":", 1)[-1].strip().lower() for part in backend.split(",")]
-    if "nccl" in names and not gpus:
-        raise OptionError("--backend nccl needs GPUs: add --gpus N, or use --backend gloo on CPU")
     known = available()
     missing = [name for name in names if name not in known]
     if missing:
@@ -146,16 +211,12 @@ def resolve(values: dict[str, str], count_gpus: Callable[[], int]) -> Settings:
     """Settings from option texts (command line over ini); ``count_gpus`` is only called for --gpus > 0."""
     gpus = _gpus(values["gpus"], count_gpus)
     modules = backend_modules(values["backend_module"])
+    device_type = accelerator_type() if gpus else "cpu"
     return Settings(
         gpus=gpus,
-        backend=_backend(values["backend"], gpus),
+        backend=_backend(values["backend"], device_type),
+        device_type=device_type,
         backend_modules=modules,
         world_sizes=_world_sizes(values["world_sizes"], gpus),
         timeout_s=_timeout(values["dist_timeout"]),
     )
-
-
-def count_cuda_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0

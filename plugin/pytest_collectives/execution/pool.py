@@ -290,6 +290,7 @@ class GroupPool:
         backend: str,
         timeout_s: float,
         gpus: int = 0,
+        device_type: str = "cpu",
         start_method: str = "forkserver",
         root: str | None = None,
         modules: tuple[str, ...] = (),
@@ -298,6 +299,7 @@ class GroupPool:
         self.modules = modules
         self.timeout_s = timeout_s
         self.gpus = gpus
+        self.device_type = device_type
         self.ctx = forkserver_context(start_method)
         self.root = tempfile.mkdtemp(prefix="collectives-", dir=root)
         self.groups: dict[tuple[int, str, tuple[int, ...]], WorkerGroup] = {}
@@ -311,6 +313,7 @@ class GroupPool:
             world_size=world_size,
             backend=self.backend,
             devices=devices,
+            device_type=self.device_type,
             store_path=os.path.join(workdir, "store"),
             workdir=workdir,
             timeout_s=self.timeout_s + 60.0,

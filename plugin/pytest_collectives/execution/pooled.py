@@ -34,7 +34,9 @@ class PooledLauncher:
             from pytest_collectives.execution.pool import GroupPool
 
             s = self.settings
-            self._pool = GroupPool(s.backend, s.timeout_s, s.gpus, modules=s.backend_modules)
+            self._pool = GroupPool(
+                s.backend, s.timeout_s, s.gpus, device_type=s.device_type, modules=s.backend_modules
+            )
         return self._pool
 
     def size_limit(self, metafunc: pytest.Metafunc) -> tuple[int | None, str]:

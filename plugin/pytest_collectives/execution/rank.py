@@ -43,6 +43,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from pytest_collectives.algorithms import registry
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
+from pytest_collectives.execution import devices
 from pytest_collectives.execution.examples import Tally, tallied
 from pytest_collectives.execution.messages import (
     FAILED,
@@ -329,8 +330,10 @@ def health(world_size: int, device: torch.device) -> list[str]:
         reasons.append(f"the test changed the default device to {default_device()}")
     if torch.get_default_dtype() != torch.float32:
         reasons.append(f"the test changed the default dtype to {torch.get_default_dtype()}")
-    if device.type == "cuda" and torch.cuda.current_device() != device.index:
-        reasons.append(f"the test changed the current CUDA device to {torch.cuda.current_device()}")
+    if devices.current_index(device) not in (None, device.index):
+        reasons.append(
+            f"the test changed the current {device.type} device to {devices.current_index(device)}"
+        )
     return reasons
 
 
@@ -339,8 +342,7 @@ def restore_defaults(device: torch.device) -> None:
     current GPU. (A destroyed group or an op left in flight can't be put back.)"""
     torch.set_default_dtype(torch.float32)
     torch.set_default_device(None)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    devices.select(device)
 
 
 def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any]]) -> RankResult:
@@ -374,8 +376,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     except BaseException as exc:  # noqa: BLE001 - every outcome, skips included, goes back to pytest
         outcome, longrepr = _outcome_of(exc, exc.__traceback__)
     duration = time.perf_counter() - start
-    if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()
+    devices.empty_cache(ctx.device)
     dirty = health(ctx.world_size, ctx.device)
     benchmark = bench and bench.result()
     return RankResult(
@@ -507,13 +508,15 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     # Local groups talk over loopback only.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["NCCL_SOCKET_IFNAME"] = "lo"
-    if spec.devices:
+    if spec.devices and spec.device_type == "cuda":
         # Before CUDA initialises: the group sees exactly its GPUs, rank r drives cuda:r.
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(spec.devices)
         device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
+    elif spec.devices:
+        device = torch.device(spec.device_type, int(spec.devices[rank]))
     else:
         device = torch.device("cpu")
+    devices.select(device)
     torch.set_num_threads(spec.threads_per_rank)
     _track_async_ops()
     ctx = RankContext(rank, spec.world_size, spec.backend, device, seed=0)

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import pytest
 
-from pytest_collectives.execution import options
+from pytest_collectives.execution import devices, options
 from pytest_collectives.execution.examples import settings_changed
 from pytest_collectives.execution.messages import FAILED, Task
 from pytest_collectives.execution.outcome import GroupOutcome, RankReport
@@ -179,9 +179,11 @@ def settings_for(values: dict[str, str], env: SpmdEnv, count_gpus: Callable[[], 
             sorted({n for n in options.GPU_WORLD_SIZES if 1 < n <= env.world_size} | {env.world_size})
         )
     modules = options.backend_modules(values["backend_module"])
+    device_type = options.accelerator_type() if gpus else "cpu"
     return options.Settings(
         gpus=gpus,
-        backend=options._backend(values["backend"], gpus),
+        backend=options._backend(values["backend"], device_type),
+        device_type=device_type,
         backend_modules=modules,
         world_sizes=sizes,
         timeout_s=options._timeout(values["dist_timeout"]),
@@ -332,9 +334,9 @@ class SpmdLauncher:
         from pytest_collectives.execution.rank import bound_device
 
         env = self.env
-        self.device = torch.device("cuda", env.local_rank) if self.settings.gpus else torch.device("cpu")
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        s = self.settings
+        self.device = torch.device(s.device_type, env.local_rank) if s.gpus else torch.device("cpu")
+        devices.select(self.device)
         joining = f"joining the process group at {env.master_addr}:{env.master_port}"
         self.watchdog.arm(joining, max(self.timeout, START_TIMEOUT_S))
         dist.init_process_group(
