@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import copy_conformance, torch_below
+from helpers import SUITES, copy_conformance, torch_below
 
 from pytest_collectives.algorithms import registry
 
@@ -76,6 +76,34 @@ def test_a_users_all_reduce_from_a_conftest_is_checked_and_a_wrong_one_named(
     # what the algorithm does not claim is never drawn
     assert not any(
         op == "users_gather_reduce" and r == "min" and s != "N/A" for (op, _, r), s in rows.items()
+    )
+
+
+USERS_FORGETFUL = """
+@algorithm("all_reduce", uses=("all_reduce",), ops=("sum",))
+def users_forgetful(tensor, op, group):
+    return tensor  # reduces nothing: each rank keeps its own input
+"""
+
+
+def test_a_users_algorithms_are_benchmarked_beside_the_backends_and_checked_once(
+    pytester: pytest.Pytester,
+) -> None:
+    """suites/perf measures every registered algorithm the backend's own tests do not, a user's included,
+    with nccl-tests' bytes and busbw, then checks its result once: a fast wrong one fails."""
+    copy_conformance(pytester.path, conftest_extra=USERS_ALGORITHMS + USERS_FORGETFUL)
+    (pytester.path / "test_collectives.py").write_text((SUITES / "perf" / "test_collectives.py").read_text())
+    result = pytester.runpytest(
+        "test_collectives.py", "-k", "registered and users_", "--world-sizes", "2", "--max-bytes", "4K",
+        "--benchmark-min-rounds", "2", "--benchmark-max-time", "0.01", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_registered_algorithm[ws2-4KiB-users_gather_reduce]*",
+            "FAILED test_collectives.py::test_registered_algorithm[ws2-4KiB-users_forgetful]*",
+        ],
+        consecutive=False,
     )
 
 

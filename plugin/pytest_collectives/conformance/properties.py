@@ -172,3 +172,25 @@ def reduce_matches_reference(pg: Any, reduce: Callable[..., torch.Tensor], case:
     assert result is tensor, f"{name_of(reduce)} must work in place and return its tensor"
     if me == root:
         assert_reduced_close(tensor, inputs, case.op)
+
+
+# The check of each contract that takes (pg, implementation, case) alone: out of place where the contract
+# allows either, even splits (the suites' tests draw the other variants).
+_CHECKS: dict[str, Callable[[Any, Callable[..., torch.Tensor], Case], None]] = {
+    "all_reduce": all_reduce_matches_reference,
+    "reduce_scatter": lambda pg, fn, case: reduce_scatter_matches_reference(pg, fn, case, in_place=False),
+    "all_gather": lambda pg, fn, case: all_gather_matches_reference(pg, fn, case, in_place=False),
+    "all_to_all": lambda pg, fn, case: all_to_all_matches_reference(pg, fn, case, None),
+    "broadcast": broadcast_matches_reference,
+    "reduce": reduce_matches_reference,
+}
+
+
+def matches_reference(
+    pg: Any, operation: str, implementation: Callable[..., torch.Tensor], case: Case
+) -> None:
+    """The check of ``operation``'s contract on ``case``: a benchmark's one check of its result after timing
+    (nccl-tests' -c), whatever it measured."""
+    if operation not in _CHECKS:
+        raise ValueError(f"no one-case check for {operation!r}; there is for {', '.join(_CHECKS)}")
+    _CHECKS[operation](pg, implementation, case)
