@@ -286,3 +286,44 @@ def test_a_users_own_test_file_draws_from_the_probe_and_catches_their_bug(pytest
     cells = json.loads((pytester.path / "matrix.json").read_text())["cells"]
     statuses = {c["status"] for c in cells if c["operation"] == "all_reduce"}
     assert {"FAIL", "N/A"} <= statuses  # drawn from the probe: gloo's refusals are N/A, not drawn
+
+
+SPLITS = """
+import pytest
+import torch
+import torch.distributed as dist
+
+from pytest_collectives.conformance.properties import check_splits
+
+
+@pytest.mark.world_size(3)
+@pytest.mark.parametrize("rank_1_expects", [[2, 3, 4], [2, 3, 5], [2, 3]])
+def test_splits(pg, rank_1_expects):
+    # rank i sends i + j + 1 elements to rank j, so rank j expects i + j + 1 from each i
+    sends = [pg.rank + j + 1 for j in range(3)]
+    expects = [i + pg.rank + 1 for i in range(3)]
+    if pg.rank == 1:
+        expects = rank_1_expects  # [2, 3, 4] is right; the others are a user's mistakes
+    check_splits(expects, sends, group=pg.group)
+    out = torch.empty(sum(expects))
+    dist.all_to_all_single(out, torch.ones(sum(sends)), expects, sends, group=pg.group)
+"""
+
+
+def test_all_to_all_splits_that_disagree_are_a_clear_error_on_every_rank(pytester: pytest.Pytester) -> None:
+    """Checked before the call (properties.check_splits): not an error on one rank, a hang on the others."""
+    pytester.makepyfile(test_splits=SPLITS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--dist-timeout", "60")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*3 of 3 ranks did not pass (failed on ranks 0,1,2)*",
+            "*ValueError: all_to_all splits disagree: group rank 2 sends 4 element(s) to group rank 1, "
+            "which expects 5; each rank's output_splits must be the column of the peers' input_splits",
+        ],
+        consecutive=False,
+    )
+    result.stdout.fnmatch_lines(
+        ["*ValueError: all_to_all splits of group rank 1: input [[]2, 3, 4], output [[]2, 3]*"]
+    )
+    assert "HUNG" not in result.stdout.str()

@@ -8,10 +8,11 @@ rank's result against the exact reference, raising AssertionError with what diff
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from pytest_collectives.algorithms.reference import (
     assert_gemm_sum_close,
@@ -140,6 +141,30 @@ def all_to_all_matches_reference(
     result = all_to_all(output, source, None if even else column, None if even else sizes[me], group=group)
     assert result is output, f"{name_of(all_to_all)} must return its output"
     assert_moved(output, torch.cat(received), f"{name_of(all_to_all)} on group rank {me}, splits {sizes}")
+
+
+def check_splits(output_splits: Sequence[int], input_splits: Sequence[int], group: Any = None) -> None:
+    """Before an uneven all_to_all: what each rank sends each peer must be what that peer expects from it
+    (every rank's output splits the column of the peers' input splits). Raises ValueError on every rank,
+    naming the first pair that disagrees: a mismatch handed to the backend is an error on some ranks and a
+    hang on the others (gloo), or corrupt data."""
+    n = dist.get_world_size(group)
+    everyone: list[Any] = [None] * n  # gathered first: a rank that raised alone would leave the rest waiting
+    dist.all_gather_object(everyone, (list(input_splits), list(output_splits)), group=group)
+    for i, (sends, expects) in enumerate(everyone):
+        if len(sends) != n or len(expects) != n:
+            raise ValueError(
+                f"all_to_all splits of group rank {i}: input {sends}, output {expects}; each needs one entry "
+                f"per rank of the {n}-rank group"
+            )
+    for i, (sends, _) in enumerate(everyone):
+        for j, (_, expects) in enumerate(everyone):
+            if sends[j] != expects[i]:
+                raise ValueError(
+                    f"all_to_all splits disagree: group rank {i} sends {sends[j]} element(s) to group rank "
+                    f"{j}, which expects {expects[i]}; each rank's output_splits must be the column of the "
+                    "peers' input_splits"
+                )
 
 
 def broadcast_matches_reference(pg: Any, broadcast: Callable[..., torch.Tensor], case: Case) -> None:
