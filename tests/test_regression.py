@@ -281,3 +281,18 @@ def test_unchanged_sessions_have_no_family_verdict():
     base = node.sessions.baseline(runs=3)
     flagged = sum(bool(judge(base, node.sessions.run()).slow_families) for _ in range(100))
     assert flagged <= 5
+
+
+def test_a_family_the_oldest_run_lacks_leaves_the_others_judged(recwarn):
+    """A family added after the oldest baseline run is judged on the sittings that measured it, and must
+    not blind the rest: its NaN figure in the oldest made every family's prior NaN, so none could fail."""
+    node = Node(seed=15)
+    base = node.sessions.baseline(runs=5)
+    new = {f"test_new[ws8-{size}]": 1e-3 * (i + 1) for i, size in enumerate(Node.SIZES)}
+    for run in base[1:]:
+        run.update({name: t * node.sessions.rng.uniform(0.98, 1.02) for name, t in new.items()})
+    slower = {**node.sessions.run(slower={int(i): 1.25 for i in node.pairs}), **new}
+    result = judge(base, slower)
+    assert "test_pair[*]" in [f.name for f in result.slow_families]
+    assert "test_new[*]" in [f.name for f in result.families]  # from the 4 runs that have it
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

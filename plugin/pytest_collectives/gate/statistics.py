@@ -457,31 +457,42 @@ def _judge_families(
         inside = np.zeros(len(names), bool)
         inside[members] = True
         known = ~np.isnan(values)
+        if not (inside & known).any() or not (~inside & known).any():
+            return math.nan  # the family was not measured in this run (new since, or deselected)
         mean = np.sum((weight * values)[inside & known]) / np.sum(weight[inside & known])
         return float(mean - np.median(values[~inside & known]))
 
     def by_sitting(values: list[float]) -> list[float]:
-        return [float(np.mean([v for v, s in zip(values, sittings, strict=True) if s == x])) for x in labels]
+        """The family's figure in each sitting that measured it."""
+        pairs = list(zip(values, sittings, strict=True))
+        kept = [[v for v, s in pairs if s == x and not math.isnan(v)] for x in labels]
+        return [float(np.mean(k)) for k in kept if k]
 
-    n = len(labels)
     figures = {label: by_sitting([against_rest(run, m) for run in runs]) for label, m in groups.items()}
-    df = n - 1.0
-    variance = {label: max(float(np.var(f, ddof=1)), MIN_SPREAD**2 / 100) for label, f in figures.items()}
-    prior = float(np.median(list(variance.values()))) / float(_chi2_median_over_df(np.array(df)))
+    effects = {label: against_rest(now, m) for label, m in groups.items()}
+    # A family seen in one sitting (added since) has no spread between sittings to be judged against; one
+    # missing from this run has nothing to judge. Neither may blind the others' prior.
+    judged = [label for label in groups if len(figures[label]) >= 2 and not math.isnan(effects[label])]
+    if not judged:
+        return []
+    df = {label: len(figures[label]) - 1.0 for label in judged}
+    variance = {label: max(float(np.var(figures[label], ddof=1)), MIN_SPREAD**2 / 100) for label in judged}
+    v, dfs = np.array([variance[x] for x in judged]), np.array([df[x] for x in judged])
+    prior = float(np.median(v / _chi2_median_over_df(dfs)))
     # The prior's worth learned as for one benchmark; with too few families to tell, none (each family
     # on its own sittings): a fixed worth let one gloo op's 59% swing pass for a regression on this VM.
     d0 = 0.0
-    if len(groups) >= MIN_FOR_PRIOR:
-        v = np.array(list(variance.values()))
-        fit = prior_df(v, np.full(len(v), df), np.full(len(v), prior), np.full(len(v), len(v) - 1))
-        d0 = min(fit, (len(v) - 1) * df)
-    critical = t_quantile(1 - ALPHA / len(groups), d0 + df)
+    if len(judged) >= MIN_FOR_PRIOR:
+        fit = prior_df(v, dfs, np.full(len(v), prior), np.full(len(v), len(v) - 1))
+        d0 = min(fit, (len(v) - 1) * float(np.median(dfs)))
     size = math.log1p(threshold / 2)
     verdicts = []
-    for label, members in groups.items():
-        sd = max(math.sqrt((d0 * prior + df * variance[label]) / (d0 + df)), MIN_SPREAD)
-        effect = against_rest(now, members) - float(np.mean(figures[label]))
-        slower = effect / (sd * math.sqrt(1 + 1 / n)) > critical and effect >= size
+    for label in judged:
+        members, k = groups[label], df[label]
+        critical = t_quantile(1 - ALPHA / len(judged), d0 + k)
+        sd = max(math.sqrt((d0 * prior + k * variance[label]) / (d0 + k)), MIN_SPREAD)
+        effect = effects[label] - float(np.mean(figures[label]))
+        slower = effect / (sd * math.sqrt(1 + 1 / (k + 1))) > critical and effect >= size
         verdicts.append(
             FamilyVerdict(label, len(members), math.exp(effect), sd, REGRESSION if slower else UNCHANGED)
         )
