@@ -212,16 +212,15 @@ def test_backend_names_and_devices_are_checked_against_what_torch_has():
 
     assert options._backend("cpu:gloo,cuda:nccl", "cuda", have, devices) == "cpu:gloo,cuda:nccl"
     assert options._backend("refgloo", "cpu", have, devices) == "refgloo"
-    assert options._backend("", "xpu", have, devices) == "xccl"  # torch's default for the device type
+    assert options._backend("", "cuda", have, devices) == "nccl"  # torch's default for the device type
     with pytest.raises(
         options.OptionError, match="this torch has no 'ucc' backend .it has gloo, nccl, refgloo, xccl"
     ):
         options._backend("ucc", "cpu", have, devices)
     with pytest.raises(options.OptionError, match="--backend nccl runs on cuda devices, not on CPU ranks"):
         options._backend("nccl", "cpu", have, devices)
-    with pytest.raises(
-        options.OptionError, match="--backend refgloo runs on cpu, not on this machine's xpu devices.*is xccl"
-    ):
+    refused = "--backend refgloo runs on cpu, not on this machine's xpu devices: drop --gpus"
+    with pytest.raises(options.OptionError, match=refused):
         options._backend("refgloo", "xpu", have, devices)
 
 

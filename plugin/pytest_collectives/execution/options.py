@@ -156,10 +156,11 @@ def _backend(
                 f"--backend {backend} runs on {where} devices, not on CPU ranks: add --gpus N (one rank per "
                 "device), or use --backend gloo on CPU"
             )
+        torchs = default_backend(device_type)  # gloo where this torch maps no backend to the device type
         raise OptionError(
             f"--backend {backend} runs on {where}, not on this machine's {device_type} devices: drop --gpus "
-            f"to run it on CPU ranks, or pick a backend for {device_type} (torch's is "
-            f"{default_backend(device_type)})"
+            f"to run it on CPU ranks, or pick a backend for {device_type}"
+            + (f" (torch's is {torchs})" if torchs != backend else "")
         )
     # "cpu:gloo,cuda:nccl" names a backend per device type
     names = [part.split(":", 1)[-1].strip().lower() for part in backend.split(",")]
