@@ -13,7 +13,7 @@ import torch.distributed as dist
 from pytest_collectives.algorithms import collectives as alg
 from pytest_collectives.algorithms import registry
 from pytest_collectives.conformance import properties
-from pytest_collectives.conformance.capabilities import NO_OP
+from pytest_collectives.conformance.capabilities import NO_OP, REDUCTIONS
 from pytest_collectives.conformance.cases import Case, registered
 
 ALL_REDUCES = {
@@ -217,7 +217,6 @@ MEASURED_ABOVE = {
     "broadcast",
     "reduce",
 }
-REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
 
 
 @pytest.mark.world_size()
@@ -246,6 +245,6 @@ def test_registered_algorithm(pg, benchmark, algorithm, nbytes):
     benchmark.extra_info.update(dtype="float32", algorithm=algorithm)
     benchmark(chosen, *args, group=pg.group, nbytes=count * 4, collective=operation)
     size = count // n if operation in ("reduce_scatter", "all_gather") else count
-    op = "sum" if operation in REDUCING else NO_OP
+    op = "sum" if operation in REDUCTIONS else NO_OP  # the contracts that reduce share the backend ops' names
     case = Case((algorithm,), torch.float32, op, size, "contiguous", None, 0)
     properties.matches_reference(pg, operation, chosen, case)

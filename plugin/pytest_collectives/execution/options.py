@@ -174,6 +174,12 @@ def _backend(
     return backend
 
 
+def _device_and_backend(text: str, gpus: int) -> tuple[str, str]:
+    """The ranks' device type (cpu, or the accelerator's with --gpus) and the backend checked against it."""
+    device_type = accelerator_type() if gpus else "cpu"
+    return device_type, _backend(text, device_type)
+
+
 def _world_sizes(text: str, gpus: int) -> tuple[int, ...]:
     if not text:
         if not gpus:
@@ -212,10 +218,10 @@ def resolve(values: dict[str, str], count_gpus: Callable[[], int]) -> Settings:
     """Settings from option texts (command line over ini); ``count_gpus`` is only called for --gpus > 0."""
     gpus = _gpus(values["gpus"], count_gpus)
     modules = backend_modules(values["backend_module"])
-    device_type = accelerator_type() if gpus else "cpu"
+    device_type, backend = _device_and_backend(values["backend"], gpus)
     return Settings(
         gpus=gpus,
-        backend=_backend(values["backend"], device_type),
+        backend=backend,
         device_type=device_type,
         backend_modules=modules,
         world_sizes=_world_sizes(values["world_sizes"], gpus),

@@ -330,10 +330,9 @@ def health(world_size: int, device: torch.device) -> list[str]:
         reasons.append(f"the test changed the default device to {default_device()}")
     if torch.get_default_dtype() != torch.float32:
         reasons.append(f"the test changed the default dtype to {torch.get_default_dtype()}")
-    if devices.current_index(device) not in (None, device.index):
-        reasons.append(
-            f"the test changed the current {device.type} device to {devices.current_index(device)}"
-        )
+    current = devices.current_index(device)
+    if current not in (None, device.index):
+        reasons.append(f"the test changed the current {device.type} device to {current}")
     return reasons
 
 

@@ -179,10 +179,10 @@ def settings_for(values: dict[str, str], env: SpmdEnv, count_gpus: Callable[[], 
             sorted({n for n in options.GPU_WORLD_SIZES if 1 < n <= env.world_size} | {env.world_size})
         )
     modules = options.backend_modules(values["backend_module"])
-    device_type = options.accelerator_type() if gpus else "cpu"
+    device_type, backend = options._device_and_backend(values["backend"], gpus)
     return options.Settings(
         gpus=gpus,
-        backend=options._backend(values["backend"], device_type),
+        backend=backend,
         device_type=device_type,
         backend_modules=modules,
         world_sizes=sizes,
