@@ -118,7 +118,116 @@ class ChannelsLastWrittenContiguous(ReferenceBackend):
         return work
 
 
+def reduced_through(self: ReferenceBackend, tensors: list[Any], opts: Any, narrow: torch.dtype) -> dist.Work:
+    """all_reduce ``tensors[0]`` in a copy of dtype ``narrow``, written back: the reduction's own type is
+    wrong, where the bits still fit it."""
+    tensor = tensors[0]
+    copy = tensor.to(narrow)
+    work = ReferenceBackend.allreduce(self, [copy], opts)
+    work.wait()
+    tensor.copy_(copy)
+    return work
+
+
+class Int64ReducedIn32Bits(ReferenceBackend):
+    """all_reduce of int64 computes in int32 (HCOLL's int64 MIN mapped to 32 bits, ompi 10521)."""
+
+    name = "mutant_int64_reduced_in_32_bits"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        if tensors[0].dtype == torch.int64:
+            return reduced_through(self, tensors, opts, torch.int32)
+        return super().allreduce(tensors, opts)
+
+
+class Bf16ReducedThroughFp16(ReferenceBackend):
+    """all_reduce of bfloat16 computes in float16: past 65504 it overflows, below 2**-24 it flushes."""
+
+    name = "mutant_bf16_reduced_through_fp16"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        if tensors[0].dtype == torch.bfloat16:
+            return reduced_through(self, tensors, opts, torch.float16)
+        return super().allreduce(tensors, opts)
+
+
+class Uint8ComparedAsInt8(ReferenceBackend):
+    """all_reduce MIN/MAX of uint8 compares the bytes as int8: 200 is less than 1."""
+
+    name = "mutant_uint8_compared_as_int8"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        opts = opts or _options.AllreduceOptions()
+        # ReduceOp == RedOpType holds where RedOpType == ReduceOp (and so `in`) does not
+        compares = opts.reduceOp == dist.ReduceOp.MIN or opts.reduceOp == dist.ReduceOp.MAX
+        signed = tensors[0].dtype == torch.uint8 and compares
+        return super().allreduce([tensors[0].view(torch.int8)] if signed else tensors, opts)
+
+
+class AvgRunAsSum(ReferenceBackend):
+    """AVG runs as SUM in reduce_scatter and all_reduce (gloo's reduce_scatter, pytorch 162338): FSDP2's
+    gradients multiplied by the world size."""
+
+    name = "mutant_avg_run_as_sum"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        return super().allreduce(tensors, _sum_for_avg(opts or _options.AllreduceOptions()))
+
+    def reduce_scatter(self, outputs: list[Any], inputs: list[list[Any]], opts: Any = None) -> dist.Work:
+        return super().reduce_scatter(outputs, inputs, _sum_for_avg(opts or _options.ReduceScatterOptions()))
+
+
+class _Landing(dist.Work):
+    """A receive that lands in a buffer of its own and is copied to ``target`` when waited."""
+
+    def __init__(self, inner: dist.Work, landing: torch.Tensor, target: torch.Tensor) -> None:
+        super().__init__()
+        self.inner, self.landing, self.target, self.waited = inner, landing, target, False
+
+    def wait(self, timeout: Any = None) -> bool:
+        self.inner.wait()
+        if not self.waited:
+            self.target.copy_(self.landing)
+            self.waited = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self.inner.is_completed()
+
+
+class SamePeerMessagesSwapped(ReferenceBackend):
+    """Two receives from one peer in flight at once get each other's message (the MPI backend swapped two
+    tagged messages to one peer, pytorch 63486); a receive waited before the next is posted is right."""
+
+    name = "mutant_same_peer_messages_swapped"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.in_flight: dict[int, _Landing] = {}
+
+    def recv(self, tensors: list[Any], src: int, tag: int) -> dist.Work:
+        target = tensors[0]
+        landing = torch.empty_like(target)
+        work = _Landing(super().recv([landing], src, tag), landing, target)
+        earlier = self.in_flight.get(src)
+        if earlier and not earlier.waited and earlier.target.shape == target.shape:
+            earlier.target, work.target = work.target, earlier.target
+        self.in_flight[src] = work
+        return work
+
+
+def _sum_for_avg(opts: Any) -> Any:
+    if opts.reduceOp == dist.ReduceOp.AVG:
+        opts.reduceOp = dist.ReduceOp.SUM
+    return opts
+
+
 MUTANTS = [
+    Int64ReducedIn32Bits,
+    Bf16ReducedThroughFp16,
+    Uint8ComparedAsInt8,
+    AvgRunAsSum,
+    SamePeerMessagesSwapped,
     GatherPermutesRanks,
     UnevenAllToAllOffByOne,
     BroadcastFromRankZero,

@@ -109,6 +109,17 @@ def test_gloo_probe_and_matrix_end_to_end(pytester: pytest.Pytester) -> None:
 
 # Backends wrong on purpose (mutant_backends.py): (backend, suite file, -k, what the report must say)
 MUTANTS = [
+    # the dtype's whole range reaches these in every run: the sweep tries each supported cell at its top
+    ("mutant_int64_reduced_in_32_bits", "test_every_cell.py", "every", "*over 3 ranks of torch.int64: *"),
+    ("mutant_uint8_compared_as_int8", "test_every_cell.py", "every", "*m?? over 3 ranks of torch.uint8: *"),
+    ("mutant_bf16_reduced_through_fp16", "test_every_cell.py", "every", "*over 3 ranks of torch.bfloat16: *"),
+    ("mutant_avg_run_as_sum", "test_every_cell.py", "every", "*avg over 3 ranks of *"),
+    (
+        "mutant_same_peer_messages_swapped",
+        "test_point_to_point.py",
+        "in_flight",
+        "*message 1 of * in flight from rank * to rank *",
+    ),
     (
         "mutant_gather_permutes_ranks",
         "test_operations.py",
@@ -142,7 +153,8 @@ MUTANTS = [
 
 
 def copy_suite(directory: Path) -> None:
-    copy_conformance(directory, ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py"))
+    files = ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py", "test_every_cell.py")
+    copy_conformance(directory, files)
 
 
 def run_on_backend(pytester: pytest.Pytester, backend: str, *args: str) -> pytest.RunResult:
@@ -166,7 +178,8 @@ def test_mutant_backend_is_caught(pytester: pytest.Pytester, backend, test_file,
 def test_the_reference_backend_passes_what_its_mutants_fail(pytester: pytest.Pytester) -> None:
     """The control: the same selections on the clean reference backend pass."""
     selections = " or ".join({m[2] for m in MUTANTS})
-    result = run_on_backend(pytester, "refgloo", "test_operations.py", "test_all_reduce.py", "-k", selections)
+    files = {m[1] for m in MUTANTS}
+    result = run_on_backend(pytester, "refgloo", *sorted(files), "-k", selections)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= 5, result.stdout.str()[-3000:]
 

@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 
 from pytest_collectives import examples
 from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import assert_reduced_close, is_exact, rank_input, reduce_op
+from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
 from pytest_collectives.conformance import properties
 from pytest_collectives.conformance.cases import (
     FLOATS,
     LARGE_SIZES,
+    assert_moved,
     laid_out,
     large,
     of_the_algorithm,
@@ -62,13 +63,13 @@ def test_decompositions_agree_with_each_other(pg, case):
     results = [properties.run_all_reduce(pg, registry.get(name), case) for name in DECOMPOSITIONS]
     if results[0] is None:
         return
-    exact = is_exact(case.dtype, case.op)
+    exact = case.values.exact(case.dtype, case.op, len(results[0][1]))
     first = results[0][0].cpu()
     for name, (result, inputs) in zip(DECOMPOSITIONS[1:], results[1:], strict=True):
         if exact:
             assert torch.equal(result.cpu(), first), f"{name} disagrees with all_reduce"
         else:
-            assert_reduced_close(result, inputs, case.op)
+            assert_reduced_close(result, inputs, case.op, case.values)
 
 
 @pytest.mark.world_size()
@@ -77,7 +78,7 @@ def test_decompositions_agree_with_each_other(pg, case):
 def test_async_op_with_wait(pg, case):
     """async_op=True returns a Work whose wait() leaves the same result the blocking call gives, and whose
     get_future() completes."""
-    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in range(pg.world_size)]
+    inputs = [case.input(pg.seed, r, case.size, pg.world_size) for r in range(pg.world_size)]
     tensor = inputs[pg.rank].to(pg.device, copy=True)
     work = dist.all_reduce(tensor, op=reduce_op(case.op), async_op=True)
     work.wait()
@@ -86,8 +87,8 @@ def test_async_op_with_wait(pg, case):
     copy = inputs[pg.rank].to(pg.device, copy=True)
     dist.broadcast(copy, src=root, async_op=True).wait()
     # judged once every rank made both calls: a rank that failed the first would skip the second
-    assert_reduced_close(tensor, inputs, case.op)
-    assert torch.equal(copy.cpu(), inputs[root])
+    assert_reduced_close(tensor, inputs, case.op, case.values)
+    assert_moved(copy, inputs[root], f"broadcast from rank {root} on rank {pg.rank}")
 
 
 @pytest.mark.world_size(2)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pytest_collectives import examples
 from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
+from pytest_collectives.algorithms.reference import assert_reduced_close, reduce_op
 from pytest_collectives.conformance import properties
 from pytest_collectives.conformance.capabilities import NO_OP, REDUCE_OPS
 from pytest_collectives.conformance.cases import (
@@ -63,7 +63,7 @@ def test_all_gather_list(pg, case):
     if found is None:
         return
     group, ranks, n, me = found
-    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
+    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
     outputs = [sentinel(case.size, case.dtype, pg.device) for _ in range(n)]
     dist.all_gather(outputs, laid_out(inputs[me], case.layout, pg.device), group=group)
     for i, (out, want) in enumerate(zip(outputs, inputs, strict=True)):
@@ -84,7 +84,7 @@ def test_all_gather_list_uneven(pg, case, extra):
         return
     group, ranks, n, me = found
     sizes = [case.size + extra[i] for i in range(n)]
-    inputs = [rank_input(pg.seed, r, sizes[i], case.dtype) for i, r in enumerate(ranks)]
+    inputs = [case.input(pg.seed, r, sizes[i], n) for i, r in enumerate(ranks)]
     outputs = [sentinel(size, case.dtype, pg.device) for size in sizes]
     dist.all_gather(outputs, laid_out(inputs[me], case.layout, pg.device), group=group)
     for i, (out, want) in enumerate(zip(outputs, inputs, strict=True)):
@@ -99,11 +99,11 @@ def test_reduce_scatter_list(pg, case):
     if found is None:
         return
     group, ranks, n, me = found
-    inputs = [[rank_input(pg.seed, r * 64 + j, case.size, case.dtype) for j in range(n)] for r in ranks]
+    inputs = [[case.input(pg.seed, r * 64 + j, case.size, n) for j in range(n)] for r in ranks]
     output = sentinel(case.size, case.dtype, pg.device)
     mine = [laid_out(x, case.layout, pg.device) for x in inputs[me]]
     dist.reduce_scatter(output, mine, op=reduce_op(case.op), group=group)
-    assert_reduced_close(output, [inputs[i][me] for i in range(n)], case.op)
+    assert_reduced_close(output, [inputs[i][me] for i in range(n)], case.op, case.values)
 
 
 @pytest.mark.world_size()
@@ -121,7 +121,7 @@ def test_all_to_all_single(pg, algorithm, case, splits, even):
 def test_all_to_all_list(pg, case):
     n, me = pg.world_size, pg.rank
     sizes = [[case.size % 41] * n for _ in range(n)]
-    chunks = [[rank_input(pg.seed, i * 64 + j, sizes[i][j], case.dtype) for j in range(n)] for i in range(n)]
+    chunks = [[case.input(pg.seed, i * 64 + j, sizes[i][j], n) for j in range(n)] for i in range(n)]
     outputs = [sentinel(sizes[i][me], case.dtype, pg.device) for i in range(n)]
     dist.all_to_all(outputs, [laid_out(x, case.layout, pg.device) for x in chunks[me]])
     for i in range(n):
@@ -142,7 +142,7 @@ def test_channels_last_is_read_and_written_as_laid_out(pg, case, shape):
     """channels_last tensors (pytorch issue 163483): the values in logical order, the strides kept; a
     backend that reads or writes the storage as if it were contiguous permutes the elements."""
     n, me, (name,) = pg.world_size, pg.rank, case.operations
-    inputs = [rank_input(pg.seed, r, shape, case.dtype) for r in range(n)]
+    inputs = [case.input(pg.seed, r, shape, n) for r in range(n)]
 
     def laid(x: torch.Tensor) -> torch.Tensor:
         return x.to(pg.device).contiguous(memory_format=torch.channels_last)
@@ -151,7 +151,7 @@ def test_channels_last_is_read_and_written_as_laid_out(pg, case, shape):
     strides = mine.stride()
     if name == "all_reduce":
         dist.all_reduce(mine, op=reduce_op(case.op))
-        assert_reduced_close(mine, inputs, case.op)
+        assert_reduced_close(mine, inputs, case.op, case.values)
     elif name == "broadcast":
         root = case.root % n
         mine = mine if me == root else laid(sentinel(shape, case.dtype, "cpu"))
@@ -176,7 +176,7 @@ def test_gather(pg, case):
         return
     group, ranks, n, me = found
     root = case.root % n
-    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
+    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
     outputs = [sentinel(case.size, case.dtype, pg.device) for _ in range(n)] if me == root else None
     dist.gather(laid_out(inputs[me], case.layout, pg.device), outputs, dst=ranks[root], group=group)
     for i, out in enumerate(outputs or []):
@@ -192,7 +192,7 @@ def test_scatter(pg, case):
         return
     group, ranks, n, me = found
     root = case.root % n
-    parts = [rank_input(pg.seed, ranks[root] * 64 + i, case.size, case.dtype) for i in range(n)]
+    parts = [case.input(pg.seed, ranks[root] * 64 + i, case.size, n) for i in range(n)]
     sources = [laid_out(p, case.layout, pg.device) for p in parts] if me == root else None
     output = sentinel(case.size, case.dtype, pg.device)
     dist.scatter(output, sources, src=ranks[root], group=group)
@@ -281,9 +281,7 @@ def test_coalesced_all_reduce_equals_uncoalesced(pg, case, count):
     if not hasattr(c10d, "_coalescing_manager"):
         pytest.skip("this torch has no _coalescing_manager")
     n, me = pg.world_size, pg.rank
-    inputs = [
-        [rank_input(pg.seed, r * 64 + j, case.size + j, case.dtype) for r in range(n)] for j in range(count)
-    ]
+    inputs = [[case.input(pg.seed, r * 64 + j, case.size + j, n) for r in range(n)] for j in range(count)]
     tensors = [x[me].to(pg.device, copy=True) for x in inputs]
     try:
         with c10d._coalescing_manager(async_ops=True) as manager:
@@ -293,4 +291,4 @@ def test_coalesced_all_reduce_equals_uncoalesced(pg, case, count):
     except (RuntimeError, NotImplementedError) as exc:
         pytest.skip(f"N/A: {pg.backend} does not coalesce all_reduce: {str(exc).splitlines()[0][:120]}")
     for t, x in zip(tensors, inputs, strict=True):
-        assert_reduced_close(t, x, case.op)
+        assert_reduced_close(t, x, case.op, case.values)

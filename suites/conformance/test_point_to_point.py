@@ -12,7 +12,6 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pytest_collectives import examples
-from pytest_collectives.algorithms.reference import rank_input
 from pytest_collectives.conformance.cases import (
     LARGE_SIZES,
     assert_moved,
@@ -54,7 +53,7 @@ def check_sent_and_received(pg, case, mode: str, pair: tuple[int, int]) -> None:
     n, dtype, size = pg.world_size, case.dtype, case.size
     src = pair[0] % n
     dst = (src + pair[1] % (n - 1) + 1) % n if n > 1 else src  # any rank but src
-    sent = rank_input(pg.seed, src, size, dtype)
+    sent = case.input(pg.seed, src, size, n)
     if pg.rank == src:
         payload = sent.to(pg.device, copy=True)
         if mode == "send_recv":
@@ -84,11 +83,11 @@ def test_ring_exchange_both_directions_at_once(pg, case):
     n, me, dtype, size = pg.world_size, pg.rank, case.dtype, case.size
     left, right = (me - 1) % n, (me + 1) % n
     inbox = sentinel(size, dtype, pg.device)
-    payload = rank_input(pg.seed, me, size, dtype).to(pg.device, copy=True)
+    payload = case.input(pg.seed, me, size, n).to(pg.device, copy=True)
     ops = [dist.P2POp(dist.isend, payload, right), dist.P2POp(dist.irecv, inbox, left)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    assert_moved(inbox, rank_input(pg.seed, left, size, dtype), f"rank {me} receiving from rank {left}")
+    assert_moved(inbox, case.input(pg.seed, left, size, n), f"rank {me} receiving from rank {left}")
 
 
 @pytest.mark.world_size()
@@ -100,15 +99,13 @@ def test_all_pairs_exchange_in_one_batch(pg, case):
     n, me, dtype, size = pg.world_size, pg.rank, case.dtype, case.size
     peers = [(me + k) % n for k in range(1, n)]
     inboxes = {peer: sentinel(size, dtype, pg.device) for peer in peers}
-    payloads = {peer: rank_input(pg.seed, me * 64 + peer, size, dtype).to(pg.device) for peer in peers}
+    payloads = {peer: case.input(pg.seed, me * 64 + peer, size, n).to(pg.device) for peer in peers}
     ops = [dist.P2POp(dist.irecv, inboxes[peer], peer) for peer in reversed(peers)]
     ops += [dist.P2POp(dist.isend, payloads[peer], peer) for peer in peers]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     for peer in peers:
-        assert_moved(
-            inboxes[peer], rank_input(pg.seed, peer * 64 + me, size, dtype), f"rank {me} from {peer}"
-        )
+        assert_moved(inboxes[peer], case.input(pg.seed, peer * 64 + me, size, n), f"rank {me} from {peer}")
 
 
 @pytest.mark.world_size()
@@ -125,10 +122,46 @@ def test_send_recv_by_group_rank_in_a_subgroup(pg, case, pair):
     n, me = len(ranks), ranks.index(pg.rank)
     src = pair[0] % n
     dst = (src + pair[1] % (n - 1) + 1) % n
-    sent = rank_input(pg.seed, ranks[src], case.size, case.dtype)
+    sent = case.input(pg.seed, ranks[src], case.size, n)
     if me == src:
         dist.send(sent.to(pg.device), group=group, group_dst=dst)
     elif me == dst:
         inbox = sentinel(case.size, case.dtype, pg.device)
         dist.recv(inbox, group=group, group_src=src)
         assert_moved(inbox, sent, f"group rank {dst} (rank {ranks[dst]}) receiving from group rank {src}")
+
+
+IN_FLIGHT = ["isend_irecv", "isend_irecv_tagged", "batch_isend_irecv", "batch_isend_irecv_tagged"]
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("send_recv")
+@examples(case=SENDS, mode=st.sampled_from(IN_FLIGHT), count=st.integers(2, 4), pair=PAIRS)
+def test_messages_to_one_peer_in_flight_arrive_in_the_order_posted(pg, case, mode, count, pair):
+    """Several messages from one rank to one peer in flight at once, posted in the same order on both
+    sides (isend/irecv or one batch_isend_irecv, with tags or without), land in the receives in that
+    order, whatever order they are waited in (MPI's non-overtaking rule; the MPI backend swapped two
+    tagged messages to one peer, pytorch 63486). Tags follow the posting order, so a backend that ignores
+    them (NCCL, pytorch 94819) passes."""
+    n = pg.world_size
+    src = pair[0] % n
+    dst = (src + pair[1] % (n - 1) + 1) % n if n > 1 else src
+    if pg.rank not in (src, dst) or src == dst:
+        return
+    sent = [case.input(pg.seed, src * 64 + k, case.size, n) for k in range(count)]
+    tags = list(range(1, count + 1)) if mode.endswith("_tagged") else [0] * count
+    if pg.rank == src:
+        post, peer, buffers = dist.isend, dst, [x.to(pg.device) for x in sent]
+    else:
+        post, peer, buffers = dist.irecv, src, [sentinel(case.size, case.dtype, pg.device) for _ in sent]
+    posted = list(zip(buffers, tags, strict=True))
+    if mode.startswith("batch"):
+        works = dist.batch_isend_irecv([dist.P2POp(post, b, peer, tag=t) for b, t in posted])
+    else:
+        works = [post(b, peer, tag=t) for b, t in posted]
+    for work in reversed(works):  # the last posted waited first: none may complete another's receive
+        work.wait()
+    if pg.rank == dst:
+        for k, (box, tag) in enumerate(zip(buffers, tags, strict=True)):
+            what = f"message {k + 1} of {count} in flight from rank {src} to rank {dst} ({mode}, tag {tag})"
+            assert_moved(box, sent[k], what)

@@ -14,7 +14,9 @@ assume no overflow or underflow, which ``rank_input``'s values stay far from.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 
 import torch
@@ -24,6 +26,8 @@ from torch.distributed import ReduceOp
 
 __all__ = [
     "OPS",
+    "SMALL",
+    "Values",
     "assert_gemm_sum_close",
     "assert_reduced_close",
     "defined",
@@ -74,33 +78,128 @@ _REDUCE = {
 
 # Seeds of different ranks must never collide: seed * _RANK_STRIDE + rank is unique for rank < stride.
 _RANK_STRIDE = 1 << 20
+SCALE = 64  # Values.scale runs from -SCALE (a dtype's smallest subnormal) to SCALE (the top of its range)
+
+
+@dataclasses.dataclass(frozen=True)
+class Values:
+    """What an example's inputs hold, besides the seed that draws each element (hypothesis draws this).
+
+    ``small``: floats of random mantissa with magnitudes in [0.5, 2), signed integers +-[1, 8], unsigned
+    ones [1, 15]: rounding is exercised, and checked against ``error_bound``.
+
+    ``full``: each dtype's whole range. Integers of any bit pattern: past 2**31 and 2**53 in int64, the high
+    bit of every unsigned type, negative int64 under MIN and MAX. Moved floats of any bit pattern but the
+    sentinel's: NaN payloads, infinities, subnormals and -0.0 must arrive bit for bit. Reduced floats are
+    exactly reducible, the idea behind nccl-tests' verifiable mode: integers k times a common 2**e with
+    members * |k| < 2**mantissa (half that for PREMUL_SUM's factor 2; k a multiple of the group size for
+    AVG), so every partial sum in any order and tree is exact, and SUM, PREMUL_SUM, MIN and MAX (and AVG
+    over a power-of-two group) must match the reference bit for bit. PRODUCT multiplies powers of two
+    whose exponents can't leave the range. ``scale`` places e: 0 gives integers, SCALE the top of the
+    dtype's range (past float16's for bfloat16 and float32), -SCALE its smallest subnormal.
+    """
+
+    kind: str = "small"
+    scale: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("small", "full") or not -SCALE <= self.scale <= SCALE:
+            raise ValueError(
+                f"Values(kind={self.kind!r}, scale={self.scale}): kind small or full, |scale| <= {SCALE}"
+            )
+
+    def exact(self, dtype: torch.dtype, op: str, members: int) -> bool:
+        """Whether a reduction of ``members`` inputs drawn so must equal ``reduce_reference`` bit for bit."""
+        if is_exact(dtype, op):
+            return True
+        if self.kind == "small" or (dtype.is_complex and op == "product"):
+            return False
+        # a backend may scale each input by 1/n rounded (NCCL's AVG of floats): exact for powers of two only
+        return op != "avg" or members & (members - 1) == 0
+
+
+SMALL = Values()
 
 
 def rank_input(
-    seed: int, rank: int, shape: int | Sequence[int], dtype: torch.dtype, device: torch.device | str = "cpu"
+    seed: int,
+    rank: int,
+    shape: int | Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    values: Values = SMALL,
+    op: str | None = None,
+    members: int = 8,
 ) -> Tensor:
-    """Rank ``rank``'s input, the same on every rank and device for the same (seed, rank).
+    """Rank ``rank``'s input, the same on every rank and device for the same (seed, rank) and draw.
 
-    Floats are +-2**u with u uniform in [-1, 1): magnitudes in [0.5, 2), so a PRODUCT over n ranks stays
-    within 2**(+-n) and a SUM cancels without degenerating. Signed integers are +-[1, 8] and unsigned
-    ones [1, 15] (never 0, so a PRODUCT stays informative); SUM and PRODUCT may wrap around in small
-    dtypes, and ``reduce_reference`` wraps the same way. Bools are uniform in {False, True}.
+    ``values`` says what it holds (``Values``); ``full`` floats depend on the reduce ``op`` they are for
+    (None: moved, not reduced) and the number of ``members`` whose inputs are combined. ``small`` floats
+    keep a PRODUCT over n ranks within 2**(+-n) and a SUM cancelling without degenerating; integers are never
+    0 (the sentinel of an unwritten element), so a PRODUCT stays informative; SUM and PRODUCT may wrap
+    around in small dtypes, and ``reduce_reference`` wraps the same way. Bools are uniform in {False, True}.
     """
     size = (shape,) if isinstance(shape, int) else tuple(shape)
     gen = torch.Generator().manual_seed(seed * _RANK_STRIDE + rank)
     if dtype == torch.bool:
-        values = torch.randint(0, 2, size, generator=gen).bool()
+        drawn = torch.randint(0, 2, size, generator=gen).bool()
     elif dtype.is_complex:
-        parts = [rank_input(seed, rank, size, torch.float64) for rank in (rank, rank + _RANK_STRIDE // 2)]
-        values = torch.complex(*parts).to(dtype)
+        part = {"values": values, "op": op, "members": members}
+        if values.kind == "full" and op is None:
+            drawn = _any_bits(size, dtype, gen)
+        else:
+            if op == "product":  # complex products round: the bound applies, to small values
+                part = {}
+            real = dtype.to_real()
+            parts = [rank_input(seed, r, size, real, **part) for r in (rank, rank + _RANK_STRIDE // 2)]
+            drawn = torch.complex(*parts)
+    elif values.kind == "full":
+        drawn = _full(size, dtype, gen, values.scale, op, members)
     elif dtype.is_floating_point:
         magnitude = 2.0 ** (torch.rand(size, generator=gen, dtype=torch.float64) * 2 - 1)
-        values = (magnitude * _random_sign(size, gen)).to(dtype)
+        drawn = (magnitude * _random_sign(size, gen)).to(dtype)
     elif dtype.is_signed:
-        values = (torch.randint(1, 9, size, generator=gen) * _random_sign(size, gen)).to(dtype)
+        drawn = (torch.randint(1, 9, size, generator=gen) * _random_sign(size, gen)).to(dtype)
     else:
-        values = torch.randint(1, 16, size, generator=gen).to(dtype)
-    return values.to(device)
+        drawn = torch.randint(1, 16, size, generator=gen).to(dtype)
+    return drawn.to(device)
+
+
+def _full(
+    size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator, scale: int, op: str | None, members: int
+) -> Tensor:
+    """``Values(full)`` of a real dtype: see there."""
+    if not dtype.is_floating_point:
+        wide = torch.randint(-(2**63), 2**63 - 1, size, generator=gen, dtype=torch.int64).to(dtype)
+        return torch.where(wide == 0, torch.ones_like(wide), wide)  # 0 is the sentinel
+    if op is None or not defined(dtype, op):
+        return _any_bits(size, dtype, gen)
+    info = torch.finfo(dtype)
+    digits = 1 - int(math.log2(info.eps))  # mantissa bits, the implicit one included
+    top, bottom = int(math.log2(info.max)), int(math.log2(info.tiny))
+    sign = _random_sign(size, gen).to(torch.float64)
+    if op == "product":
+        # any subset of the members' exponents sums within [bottom, top]: every partial product is exact
+        lo, hi = -(-bottom // members), top // members
+        exponents = torch.randint(lo, hi + 1, size, generator=gen, dtype=torch.float64)
+        return (sign * torch.pow(2.0, exponents)).to(dtype)
+    # members * |k| < 2**digits (2**(digits-1) under PREMUL_SUM's factor 2): any partial sum is exact
+    limit = (2**digits - 1) // members // (2 if op == "premul_sum" else 1)
+    step = members if op == "avg" else 1  # x / n is exact too, for a backend that scales first
+    k = torch.randint(1, max(2, limit // step + 1), size, generator=gen) * step
+    lo, hi = bottom - digits + 1, top - digits  # from the smallest subnormal to the top of the range
+    exponent = round(scale / SCALE * (hi if scale > 0 else -lo))
+    return (sign * k * 2.0**exponent).to(dtype)
+
+
+def _any_bits(size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> Tensor:
+    """Elements of any bit pattern but a NaN sentinel's (``cases.sentinel``), whose elements would pass
+    for unwritten ones."""
+    width = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (math.prod(size), width), generator=gen, dtype=torch.uint8)
+    nan = torch.full((1,), float("nan")).to(dtype).view(torch.uint8)
+    raw[:, 0] ^= (raw == nan).all(1).to(torch.uint8)
+    return raw.view(dtype).reshape(size)
 
 
 def reduce_reference(inputs: Sequence[Tensor], op: str) -> Tensor:
@@ -177,16 +276,17 @@ def error_bound(inputs: Sequence[Tensor], op: str) -> Tensor:
     return (n - 1) * (eps + eps64) * spread + eps / 2 * exact
 
 
-def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str) -> None:
-    """Assert ``actual`` is what reducing the per-rank ``inputs`` by ``op`` may give in their dtype.
+def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str, values: Values = SMALL) -> None:
+    """Assert ``actual`` is what reducing the per-rank ``inputs`` (drawn as ``values``) by ``op`` may give in
+    their dtype.
 
-    Exact cases (integers, bools, MIN, MAX) must match bit for bit after casting the reference to the
-    dtype; floating SUM, AVG and PRODUCT must lie within ``error_bound``. The message names the op,
-    dtype and group size, how many elements fail, and the worst one: its index, value, the exact value,
-    the error and the bound.
+    Exact cases (integers, bools, MIN, MAX, exactly reducible floats: ``Values.exact``) must match bit for
+    bit after casting the reference to the dtype; other floating SUM, AVG and PRODUCT must lie within
+    ``error_bound``. The message names the op, dtype and group size, how many elements fail, and the worst
+    one: its index, value, the exact value, the error and the bound.
     """
     dtype = inputs[0].dtype
-    bound = None if is_exact(dtype, op) else error_bound(inputs, op)
+    bound = None if values.exact(dtype, op, len(inputs)) else error_bound(inputs, op)
     what = f"{op} over {len(inputs)} ranks of {dtype}"
     _assert_within(actual, reduce_reference(inputs, op), bound, dtype, what)
 

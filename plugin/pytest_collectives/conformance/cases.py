@@ -18,7 +18,7 @@ from hypothesis import assume, settings
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import defined
+from pytest_collectives.algorithms.reference import SCALE, SMALL, Values, defined, rank_input
 from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
 from pytest_collectives.execution.session import item_parameter
@@ -41,6 +41,8 @@ SUBGROUPS = [
     for ranks in ({0}, {1}, {1, 2}, {0, 2, 4, 6}, {1, 3, 5, 7}, {0, 1, 2, 3}, set(range(1, 8)))
 ]
 MEMBERS = st.none() | st.sampled_from(SUBGROUPS)
+# Half the examples hold each dtype's whole range; a failure there shrinks towards integer values (scale 0).
+VALUES = st.builds(Values, kind=st.sampled_from(["small", "full"]), scale=st.integers(-SCALE, SCALE))
 LAYOUTS = ("contiguous", "strided", "offset")
 # gloo gets the backend's own reduce, broadcast and scatter wrong on a strided view, silently, as it does
 # all_reduce (test_backend_all_reduce_on_a_strided_view); until a known-bug manifest can say so per
@@ -95,9 +97,16 @@ class Case:
     layout: str  # contiguous, strided (every other element of a larger buffer) or offset (storage offset 1)
     members: frozenset[int] | None  # None: the whole world; else the ranks of a subgroup (folded mod n)
     root: int  # folded onto the group size
+    values: Values = SMALL  # what the inputs hold: small values, or the dtype's whole range
 
     def cells(self) -> list[Cell]:
         return [(name, dtype_name(self.dtype), self.op) for name in self.operations]
+
+    def input(self, seed: int, key: int, shape: int | Sequence[int], members: int) -> torch.Tensor:
+        """The input ``key`` (a rank, or a rank and a peer) of this example for a group of ``members``
+        ranks: every rank builds the same one (reference.rank_input)."""
+        op = None if self.op == NO_OP else self.op
+        return rank_input(seed, key, shape, self.dtype, values=self.values, op=op, members=members)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +150,40 @@ def cases(
         layout=draw(st.sampled_from(layouts)),
         members=draw(members),
         root=draw(st.integers(0, MAX_RANKS - 1)),
+        values=draw(VALUES),
     )
+
+
+SWEEP_SIZE = 97  # a prime: no world size divides it
+TIERS = (1 << 16, 1 << 20)
+
+
+def every_cell() -> st.SearchStrategy[list[Case]]:
+    """Every cell of the running test's ``algorithm`` the probe found supported, as one sweep
+    (``examples.sweep``): each (dtype, reduce op) at SWEEP_SIZE elements with small values, at the top of
+    the dtype's range and at its bottom (subnormals); each dtype at 64 Ki elements, its reduce op and
+    scale rotating; one cell at 1 Mi. Over the whole world, each cell with its own root. What rotates
+    turns with a drawn ``turn``: another on each run, the same for a seed (``--hypothesis-seed``)."""
+    return st.integers(0, 1 << 16).map(_every_cell)
+
+
+def _every_cell(turn: int) -> list[Case]:
+    algorithm = registry.get(item_parameter("algorithm"))
+    reduces = algorithm.operation in caps.REDUCTIONS
+    cells = supported_cells([algorithm.name], DTYPES, REDUCE_OPS if reduces else (NO_OP,))
+    tried = (SMALL, Values("full", SCALE), Values("full", -SCALE)) if reduces else (SMALL, Values("full"))
+
+    def case(i: int, dtype: torch.dtype, op: str, size: int, values: Values) -> Case:
+        return Case((algorithm.name,), dtype, op, size, "contiguous", None, i % MAX_RANKS, values)
+
+    sweep = [case(i, *cell, SWEEP_SIZE, values) for i, cell in enumerate(cells) for values in tried]
+    dtypes = [dtype for dtype in DTYPES if any(d == dtype for d, _ in cells)]
+    for i, dtype in enumerate(dtypes):
+        ops = [op for d, op in cells if d == dtype]
+        scale = (turn + i) % (2 * SCALE + 1) - SCALE
+        sweep.append(case(turn + i, dtype, ops[(turn + i) % len(ops)], TIERS[0], Values("full", scale)))
+    sweep.append(case(turn, *cells[turn % len(cells)], TIERS[1], Values("full", turn % SCALE)))
+    return sweep
 
 
 def large() -> settings:
@@ -198,7 +240,7 @@ def laid_out(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.T
 
 def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An output buffer filled with what no input holds: NaN for floating dtypes, 0 for integers
-    (rank_input never draws 0), so an element the backend never wrote cannot pass for a received one."""
+    (rank_input never draws either), so an element the backend never wrote cannot pass for a received one."""
     if dtype.is_floating_point or dtype.is_complex:
         # filled in float32 and converted: older torch has no fill kernel for float8
         size = (shape,) if isinstance(shape, int) else tuple(shape)

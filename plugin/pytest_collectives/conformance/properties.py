@@ -45,8 +45,8 @@ def run_all_reduce(
     found = members(pg, case)
     if found is None:
         return None
-    group, ranks, _, me = found
-    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
+    group, ranks, n, me = found
+    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
     tensor = laid_out(inputs[me], case.layout, pg.device)
     result = all_reduce(tensor, reduce_op(case.op), group=group)
     assert result is tensor, f"{name_of(all_reduce)} must work in place and return its tensor"
@@ -57,7 +57,7 @@ def all_reduce_matches_reference(pg: Any, all_reduce: Callable[..., torch.Tensor
     """In place, every element the reduction of the members' inputs: exact, or within the stated bound."""
     out = run_all_reduce(pg, all_reduce, case)
     if out is not None:
-        assert_reduced_close(*out, case.op)
+        assert_reduced_close(*out, case.op, case.values)
 
 
 def reduce_scatter_matches_reference(
@@ -71,12 +71,12 @@ def reduce_scatter_matches_reference(
         return
     group, ranks, n, me = found
     chunk = case.size
-    inputs = [rank_input(pg.seed, r, n * chunk, case.dtype) for r in ranks]
+    inputs = [case.input(pg.seed, r, n * chunk, n) for r in ranks]
     source = inputs[me].to(pg.device, copy=True)
     output = source.view(n, -1)[me] if in_place else sentinel(chunk, case.dtype, pg.device)
     result = reduce_scatter(output, source, reduce_op(case.op), group=group)
     assert result is output, f"{name_of(reduce_scatter)} must return its output"
-    assert_reduced_close(output, [x.view(n, -1)[me] for x in inputs], case.op)
+    assert_reduced_close(output, [x.view(n, -1)[me] for x in inputs], case.op, case.values)
 
 
 def gemm_reduce_scatter_matches_reference(
@@ -109,7 +109,7 @@ def all_gather_matches_reference(
     if found is None:
         return
     group, ranks, n, me = found
-    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
+    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
     output = sentinel((n, case.size) if stacked else n * case.size, case.dtype, pg.device)
     mine = output.view(n, -1)[me] if in_place else torch.empty(case.size, dtype=case.dtype, device=pg.device)
     mine.copy_(inputs[me])
@@ -125,15 +125,15 @@ def all_to_all_matches_reference(
 ) -> None:
     """``all_to_all(output, input, output_splits, input_splits, group=)``: group rank i sends
     ``splits[i][j]`` elements to group rank j (the drawn matrix folded onto the group; zeros included),
-    or, with no splits, ``case.size % 41`` to each rank with None for the split lists. Each rank's output
+    or, with no splits, ``case.size // n`` to each rank with None for the split lists. Each rank's output
     is what every member sent it, in group-rank order."""
     found = members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
     even = splits is None
-    sizes = [[case.size % 41] * n for _ in range(n)] if even else [row[:n] for row in splits[:n]]
-    chunks = [[rank_input(pg.seed, i * 64 + j, sizes[i][j], case.dtype) for j in range(n)] for i in range(n)]
+    sizes = [[case.size // n] * n for _ in range(n)] if even else [row[:n] for row in splits[:n]]
+    chunks = [[case.input(pg.seed, i * 64 + j, sizes[i][j], n) for j in range(n)] for i in range(n)]
     source = laid_out(torch.cat(chunks[me]), case.layout, pg.device)
     received = [chunks[i][me] for i in range(n)]
     output = sentinel(sum(x.numel() for x in received), case.dtype, pg.device)
@@ -175,7 +175,7 @@ def broadcast_matches_reference(pg: Any, broadcast: Callable[..., torch.Tensor],
         return
     group, ranks, n, me = found
     root = case.root % n
-    sent = rank_input(pg.seed, ranks[root], case.size, case.dtype)
+    sent = case.input(pg.seed, ranks[root], case.size, n)
     start = sent if me == root else sentinel(case.size, case.dtype, "cpu")
     tensor = laid_out(start, case.layout, pg.device)
     result = broadcast(tensor, root, group=group)
@@ -191,12 +191,12 @@ def reduce_matches_reference(pg: Any, reduce: Callable[..., torch.Tensor], case:
         return
     group, ranks, n, me = found
     root = case.root % n
-    inputs = [rank_input(pg.seed, r, case.size, case.dtype) for r in ranks]
+    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
     tensor = laid_out(inputs[me], case.layout, pg.device)
     result = reduce(tensor, root, reduce_op(case.op), group=group)
     assert result is tensor, f"{name_of(reduce)} must work in place and return its tensor"
     if me == root:
-        assert_reduced_close(tensor, inputs, case.op)
+        assert_reduced_close(tensor, inputs, case.op, case.values)
 
 
 # The check of each contract that takes (pg, implementation, case) alone: out of place where the contract

@@ -54,15 +54,51 @@ def tallied(tally: Tally) -> Iterator[None]:
 
 def examples(**strategies: st.SearchStrategy[Any]) -> Callable[[F], F]:
     """Like ``hypothesis.given(**strategies)``, with BATCH examples at most per call of the test."""
-
-    from hypothesis import given
     from hypothesis import strategies as st
+
+    drawn = st.lists(st.fixed_dictionaries(strategies), min_size=1, max_size=BATCH)
+    return _batched("@examples", strategies, drawn)
+
+
+def sweep(**listings: st.SearchStrategy[list[Any]]) -> Callable[[F], F]:
+    """A deterministic sweep as one batch: each of ``listings`` draws the whole list of its parameter's
+    values (all of one length), and the test runs once on each of their zipped examples, one hypothesis
+    example in all (``max_examples=1``), so every listed example runs on every run. The listings are drawn
+    while the test runs, so they can read the probe of the live group (``capabilities.active()``) and the
+    test's parameters (``session.item_parameter``); a failure names the example that failed."""
+    from hypothesis import settings
+    from hypothesis import strategies as st
+
+    def zipped(lists: dict[str, list[Any]]) -> list[dict[str, Any]]:
+        lengths = {name: len(values) for name, values in lists.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"@sweep: the listings differ in length: {lengths}")
+        return Sweep(dict(zip(lists, values, strict=True)) for values in zip(*lists.values(), strict=True))
+
+    drawn = st.fixed_dictionaries(listings).map(zipped)
+    batched = _batched("@sweep", listings, drawn)
+    return lambda fn: settings(max_examples=1)(batched(fn))
+
+
+class Sweep(list):
+    """A sweep's batch: its examples are listed, not drawn, and hundreds of them would bury the report;
+    the one that failed is named on its own."""
+
+    def __repr__(self) -> str:
+        return f"<a sweep of {len(self)} examples>"
+
+
+def _batched(
+    decorator: str, strategies: dict[str, Any], drawn: st.SearchStrategy[list[dict[str, Any]]]
+) -> Callable[[F], F]:
+    """``given(batch=drawn)`` over a test that runs every example of the drawn batch (run_batch)."""
+    from hypothesis import given
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
         unknown = sorted(set(strategies) - set(signature.parameters))
         if unknown:
-            raise TypeError(f"@examples: {fn.__qualname__} has no parameter {', '.join(unknown)}")
+            raise TypeError(f"{decorator}: {fn.__qualname__} has no parameter {', '.join(unknown)}")
         kept = [p for name, p in signature.parameters.items() if name not in strategies]
 
         def batch_of_examples(*args: Any, **kwargs: Any) -> None:
@@ -75,7 +111,6 @@ def examples(**strategies: st.SearchStrategy[Any]) -> Callable[[F], F]:
         )
         batch_of_examples.__dict__.update(fn.__dict__)  # pytest's marks, applied below this decorator
         batch_of_examples.collectives_batch = True  # type: ignore[attr-defined]
-        drawn = st.lists(st.fixed_dictionaries(strategies), min_size=1, max_size=BATCH)
         return given(batch=drawn)(batch_of_examples)  # type: ignore[return-value]
 
     return decorate
