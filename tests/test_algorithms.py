@@ -107,6 +107,41 @@ def test_a_users_algorithms_are_benchmarked_beside_the_backends_and_checked_once
     )
 
 
+# A backend whose all_gather into a tensor is fast and wrong: no rank sends anything, each fills every block
+# with its own input. A Python ProcessGroup can't override this call on this torch, so the call itself is
+# replaced, where torch and the project's algorithms look it up.
+WRONG_ALL_GATHER = """
+import torch.distributed as dist
+from pytest_collectives.algorithms import collectives
+
+def all_gather_into_tensor(output, input, group=None, async_op=False):
+    output.view(-1).copy_(input.reshape(-1).repeat(output.numel() // max(input.numel(), 1)))
+
+dist.all_gather_into_tensor = collectives.all_gather_single = all_gather_into_tensor
+"""
+
+
+def test_a_fast_wrong_backend_fails_its_benchmark(pytester: pytest.Pytester) -> None:
+    """Each of the backend's benchmarks checks its result once after timing (nccl-tests' -c): an
+    all_gather that moves nothing is the fastest there is, and fails; the others pass."""
+    copy_conformance(pytester.path)
+    (pytester.path / "test_collectives.py").write_text((SUITES / "perf" / "test_collectives.py").read_text())
+    pytester.makepyfile(wrong_all_gather=WRONG_ALL_GATHER)
+    result = pytester.runpytest(
+        "test_collectives.py", "-k", "test_all_gather or test_broadcast or test_all_reduce",
+        "--backend-module", "wrong_all_gather", "--world-sizes", "2", "--max-bytes", "4K", "-rf",
+        "--benchmark-min-rounds", "2", "--benchmark-max-time", "0.01", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    # all_gather, and the all-reduce built from reduce_scatter + all_gather; the other four all-reduces
+    # and broadcast pass
+    result.assert_outcomes(passed=5, failed=2)
+    out = result.stdout.str()
+    assert "FAILED test_collectives.py::test_all_reduce[ws2-4KiB-reduce_scatter_all_gather]" in out
+    assert "FAILED test_collectives.py::test_all_gather[ws2-4KiB]" in out
+    assert "sum over 2 ranks of torch.float32: 512 of 1024 elements differ from the exact result" in out
+    assert "all_gather_single of 2 x 512 torch.float32 on group rank 0, stacked=False: 512 of 1024" in out
+
+
 # The other contracts: an all-to-all posting every send and receive at once, a broadcast, and the same
 # broadcast with a classic bug, the root ignored (every rank receives group rank 0's tensor).
 USERS_MOVEMENTS = """

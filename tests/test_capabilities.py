@@ -4,6 +4,7 @@ backend bugs in the operations suite caught on every rank."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,35 +23,58 @@ python_backends = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize(
-    "exc",
+    "exc, backend",
     [
-        RuntimeError("Cannot use ReduceOp.BAND with NCCL"),
-        RuntimeError("Cannot use ReduceOp.PREMUL_SUM with Gloo"),
-        RuntimeError("Invalid scalar type"),
-        ValueError("Backend xccl does not support allgather_coalesced"),
-        RuntimeError("reduce does not support\x02on complex tensors"),
-        ValueError("monitored_barrier is only implemented for GLOO backend."),
-        NotImplementedError(),
+        (RuntimeError("Cannot use ReduceOp.BAND with NCCL"), "nccl"),
+        (RuntimeError("Cannot use ReduceOp.PREMUL_SUM with Gloo"), "gloo"),
+        (RuntimeError("Invalid scalar type"), "cpu:gloo,cuda:nccl"),
+        (ValueError("Backend xccl does not support allgather_coalesced"), "xccl"),
+        (RuntimeError("reduce does not support\x02on complex tensors"), "nccl"),
+        (ValueError("monitored_barrier is only implemented for GLOO backend."), "nccl"),
+        (NotImplementedError(), "mpi"),
+        (RuntimeError("Invalid scalar type"), "refgloo"),  # refbackend declares gloo's words as its own
     ],
     ids=str,
 )
-def test_refusals_are_recognised(exc):
-    reason = refusal(exc)
+def test_refusals_are_recognised(exc, backend):
+    import pytest_collectives.conformance.refbackend  # noqa: F401 - declares the reference backends' words
+
+    reason = refusal(exc, backend)
     assert reason and "\x02" not in reason
 
 
 @pytest.mark.parametrize(
-    "exc",
+    "exc, backend",
     [
-        RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer"),
-        RuntimeError("NCCL error: unhandled cuda error"),
-        AssertionError("1 of 4 elements differ"),
+        (RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer"), "gloo"),
+        (RuntimeError("NCCL error: unhandled cuda error"), "nccl"),
+        (AssertionError("1 of 4 elements differ"), "gloo"),
+        # a fault is no refusal because its message holds a refusal's words, or another backend's
+        (RuntimeError("recv: operation not supported by peer (errno 95), data lost"), "gloo"),
+        (RuntimeError("Invalid scalar type in the payload header: wire corrupted"), "gloo"),
+        (RuntimeError("Cannot use ReduceOp.BAND with NCCL"), "gloo"),
+        (RuntimeError("Invalid scalar type"), "some_vendor"),
     ],
     ids=str,
 )
-def test_other_errors_are_not_refusals(exc):
+def test_other_errors_are_not_refusals(exc, backend):
     """A crash or a wrong answer is no refusal: the cell stays supported, so the suites draw it and fail."""
-    assert refusal(exc) is None
+    assert refusal(exc, backend) is None
+
+
+def test_a_backend_declares_its_refusals():
+    """A vendor's backend module says what its backend refuses, in its words, and nothing else is N/A."""
+    from pytest_collectives.conformance.capabilities import refuses
+
+    refuses("test_vendor", r"vendorccl: dtype \w+ unsupported", like="gloo")
+    assert refusal(RuntimeError("vendorccl: dtype Float8_e4m3fn unsupported"), "test_vendor")
+    assert refusal(RuntimeError("Invalid scalar type"), "test_vendor")
+    assert (
+        refusal(RuntimeError("vendorccl: dtype Float8_e4m3fn unsupported after 3 retries"), "test_vendor")
+        is None
+    )
+    with pytest.raises(re.error):
+        refuses("test_vendor", "(unclosed")
 
 
 class _Item:

@@ -27,8 +27,14 @@ def manifest(path: Path, *entries: dict) -> Path:
     return path
 
 
-def bug(test: str, backends=("gloo",), reason: str = "wrong on purpose") -> dict:
-    return {"backends": list(backends), "test": test, "reason": reason}
+def bug(
+    test: str,
+    backends=("gloo",),
+    reason: str = "wrong on purpose",
+    raises: str = "AssertionError",
+    match: str = r"assert \(1 \+ 1\) == 3",
+) -> dict:
+    return {"backends": list(backends), "test": test, "raises": raises, "match": match, "reason": reason}
 
 
 def test_a_known_bug_is_a_strict_xfail_on_the_backends_it_names(pytester: pytest.Pytester) -> None:
@@ -42,6 +48,19 @@ def test_a_known_bug_is_a_strict_xfail_on_the_backends_it_names(pytester: pytest
     result = pytester.runpytest("--known-bugs", str(path))
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["[[]XPASS(strict)[]] known gloo bug*"])
+
+
+def test_another_failure_of_a_known_bugs_test_fails(pytester: pytest.Pytester) -> None:
+    """The entry names the bug (its exception and message): a new bug in the same test is not swallowed."""
+    pytester.makepyfile(test_user=TESTS)
+    path = manifest(pytester.path / "bugs.json", bug("test_wrong_on_gloo", match="== 4"))
+    result = pytester.runpytest("--known-bugs", str(path))
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*not the known bug this test is marked with: expected AssertionError matching '== 4' (bugs.json)"]
+    )
+    manifest(path, bug("test_wrong_on_gloo", raises="RuntimeError"))
+    pytester.runpytest("--known-bugs", str(path)).assert_outcomes(passed=1, failed=1)
 
 
 def test_the_ini_key_names_manifests_too(pytester: pytest.Pytester) -> None:
@@ -58,6 +77,8 @@ def test_the_ini_key_names_manifests_too(pytester: pytest.Pytester) -> None:
         ("{", "not readable JSON"),
         ("[]", 'expected {"known_bugs": [...]} at the top'),
         ({"known_bugs": [{"test": "t", "reason": "r"}]}, "known_bugs[0] must have exactly the keys"),
+        ({"known_bugs": [bug("t", raises="not a name")]}, "known_bugs[0].raises must name an exception"),
+        ({"known_bugs": [bug("t", match="(")]}, "known_bugs[0].match is not a regular expression"),
         ({"known_bugs": [bug("t", backends=[])]}, "known_bugs[0].backends must be a non-empty list"),
         ({"known_bugs": [bug("t"), bug(" ")]}, "known_bugs[1].test must be non-empty text"),
         ({"known_bugs": [bug("t", reason="")]}, "known_bugs[0].reason must be non-empty text"),

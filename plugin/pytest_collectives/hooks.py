@@ -97,6 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in probing.MARKERS:
         config.addinivalue_line("markers", line)
     config.pluginmanager.register(probing, "collectives-probing")  # its fixtures
+    config.pluginmanager.register(known_bugs, "collectives-known-bugs")  # judges their failures
     config.add_cleanup(registry.forget_session)
     values = {}
     for name, _, _ in options.OPTIONS:

@@ -33,6 +33,7 @@ __all__ = [
     "dtype_name",
     "probe",
     "refusal",
+    "refuses",
     "use",
 ]
 
@@ -141,20 +142,52 @@ class _NeedsPeers(Exception):
     """An operation that can't be called at this world size at all (a world of one has no peer)."""
 
 
-# What backends raise for a call they do not implement; anything else is not a refusal. ("No backend type
-# associated with device type" is what c10d raises for a call a Python ProcessGroup does not override.)
-_REFUSALS = re.compile(
-    r"does not support|not supported|unsupported|cannot use reduceop|invalid (scalar )?type|"
-    r"not implemented|no support|is only (supported|implemented)|no backend type associated",
-    re.IGNORECASE,
-)
+# What each backend says for a call it does not implement, as data: each pattern must match the whole first
+# line of the error (control bytes blanked: some messages carry a raw enum byte where an op's name goes).
+# Anything else a call raises is a failure, never N/A: a fault whose message happens to hold "not
+# supported" is still a fault. "*" holds c10d's own words, whatever the backend (a call a Python
+# ProcessGroup does not override raises "No backend type associated with device type"). A backend module
+# (--backend-module) adds its backend's words with refuses().
+_REFUSALS: dict[str, list[str]] = {
+    "*": [
+        r"Cannot use ReduceOp\.\w+ with non-integral dtype",
+        r"\w+ does not support (RedOpType\.\w+ )?on complex tensors",
+        r"Backend \w+ does not support \w+",
+        r"No backend type associated with device type \w+",
+        r"monitored_barrier is only implemented for GLOO backend\.",
+    ],
+    "gloo": [r"Invalid scalar type", r"Cannot use ReduceOp\.PREMUL_SUM with Gloo"],
+    # ProcessGroupNCCL's words, from torch's source (not yet seen on a GPU by this project)
+    "nccl": [
+        r"Cannot use ReduceOp\.\w+ with NCCL",
+        r"Tensors must be (contiguous|CUDA and dense)",
+        r"Cannot use ReduceOp\.AVG with boolean inputs",
+        r"Unconvertible NCCL type \w+",
+        r"Float8 dtypes are not currenlty supported for NCCL reductions",  # sic
+        r"PreMulSum Data type must be half, float, bfloat16 or double",
+    ],
+}
 
 
-def refusal(exc: BaseException) -> str | None:
-    """The one-line reason when ``exc`` is a backend saying it does not implement a call, else None."""
-    # Some messages carry a raw enum byte where the op's name should be.
-    text = re.sub(r"[\x00-\x1f]", " ", str(exc).strip().split("\n")[0]) or type(exc).__name__
-    if isinstance(exc, (NotImplementedError, _NeedsPeers)) or _REFUSALS.search(text):
+def refuses(backend: str, *patterns: str, like: str | None = None) -> None:
+    """Declare what ``backend`` says for a call it does not implement: regular expressions, each matched
+    against the whole first line of an error, and with ``like`` every word of that backend too (one that
+    hands its calls to gloo). Called by a backend's module on import, in pytest's process and on every
+    rank (--backend-module)."""
+    for pattern in patterns:
+        re.compile(pattern)  # a bad pattern fails where it is declared
+    patterns = (*_REFUSALS.get(like, ()), *patterns) if like else patterns
+    known = _REFUSALS.setdefault(backend, [])
+    known.extend(p for p in patterns if p not in known)
+
+
+def refusal(exc: BaseException, backend: str) -> str | None:
+    """The one-line reason when ``exc`` is ``backend`` (a name, or a spec such as "cpu:gloo,cuda:nccl")
+    saying it does not implement a call, else None."""
+    text = re.sub(r"[\x00-\x1f]", " ", str(exc).strip().split("\n")[0]).strip() or type(exc).__name__
+    names = ["*", *(part.split(":")[-1].lower() for part in backend.split(","))]
+    patterns = [p for name in names for p in _REFUSALS.get(name, ())]
+    if isinstance(exc, (NotImplementedError, _NeedsPeers)) or any(re.fullmatch(p, text) for p in patterns):
         return text[:200]
     return None
 
@@ -169,20 +202,20 @@ def probe(pg: Any) -> Capabilities:
         for dtype in DTYPES:
             tensor = torch.zeros(n, dtype=dtype, device=pg.device)  # one element per rank
             for op in ops:
-                found[operation, dtype_name(dtype), op] = _attempt(call, tensor, n, op)
+                found[operation, dtype_name(dtype), op] = _attempt(call, tensor, n, op, pg.backend)
     for name, call in _WHOLE_GROUP.items():
-        found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP)
+        found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP, pg.backend)
     devices.synchronize(pg.device)
     return Capabilities(pg.backend, pg.device.type, n, found)
 
 
-def _attempt(call: Callable[[Any, int, Any], object], tensor: Any, n: int, op: str) -> str:
+def _attempt(call: Callable[[Any, int, Any], object], tensor: Any, n: int, op: str, backend: str) -> str:
     """The backend's refusal of the call, or an empty string: it went through, or failed another way,
     which leaves it supported, so the suites draw it and fail on it."""
     try:
         call(tensor, n, reduce_op(op) if op != NO_OP else None)
     except Exception as exc:  # noqa: BLE001 - classified: a refusal or not
-        return refusal(exc) or ""
+        return refusal(exc, backend) or ""
     return ""
 
 

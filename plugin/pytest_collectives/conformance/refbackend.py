@@ -21,6 +21,8 @@ from typing import Any
 import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
 import torch.distributed as dist
 
+from pytest_collectives.conformance.capabilities import refuses
+
 __all__ = ["NcclRulesBackend", "ReferenceBackend", "register"]
 
 _BITWISE = {dist.ReduceOp.BAND: "BAND", dist.ReduceOp.BOR: "BOR", dist.ReduceOp.BXOR: "BXOR"}
@@ -31,6 +33,7 @@ class ReferenceBackend(dist.ProcessGroup):
     calls some of them without options: each has its defaults.)"""
 
     name = "refgloo"
+    refusals: tuple[str, ...] = ()  # what it refuses in its own words, besides gloo's
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
@@ -87,6 +90,7 @@ class NcclRulesBackend(ReferenceBackend):
     """The reference backend refusing what NCCL refuses, in NCCL's words."""
 
     name = "refgloo_nccl_rules"
+    refusals = (r"Cannot use ReduceOp\.(BAND|BOR|BXOR) with NCCL",)
 
     def refuse(self, opts: Any) -> None:
         op = getattr(opts, "reduceOp", None)
@@ -96,8 +100,10 @@ class NcclRulesBackend(ReferenceBackend):
 
 
 def register(*backends: type[ReferenceBackend]) -> None:
-    """Register each class under its ``name`` for CPU tensors (again on re-import: a no-op then)."""
+    """Register each class under its ``name`` for CPU tensors (again on re-import: a no-op then), with
+    what it refuses: gloo's words and its own."""
     for backend in backends:
+        refuses(backend.name, *backend.refusals, like="gloo")
         if backend.name.upper() not in dist.Backend._plugins:
             dist.Backend.register_backend(backend.name, backend, devices=["cpu"])
 
