@@ -131,6 +131,15 @@ def test_gloo_probe_and_matrix_end_to_end(pytester: pytest.Pytester) -> None:
     assert rows["all_reduce", "float32", "sum"]["status"] == "untested"  # supported, not drawn here
 
 
+def test_a_run_that_checked_nothing_fails(pytester: pytest.Pytester) -> None:
+    """Every conformance test N/A (point to point at one rank: no peer) proves nothing: the run fails."""
+    copy_suite(pytester.path)
+    result = pytester.runpytest("test_point_to_point.py", "--world-sizes", "1", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=6)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["conformance checked nothing: every conformance test was skipped (N/A)*"])
+
+
 # Backends wrong on purpose (mutant_backends.py): (backend, suite file, -k, what the report must say)
 MUTANTS = [
     # the dtype's whole range reaches these in every run: the sweep tries each supported cell at its top

@@ -104,3 +104,31 @@ def test_backend_all_reduce_on_a_strided_view(pg):
             return  # refusing a layout it can't handle, in its own words, is correct
         raise
     assert_reduced_close(view, inputs, "sum")
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("all_reduce")
+@examples(
+    case=reductions(["all_reduce"], members=st.none()),
+    count=st.integers(2, 5),
+    order=st.permutations(range(5)),
+)
+def test_async_all_reduces_in_flight_on_two_groups(pg, case, count, order):
+    """Several async all_reduces in flight at once, alternating between the world and a second group of the
+    same ranks (a communicator of its own), posted in one order and waited in another: each gives the
+    reference, and once wait() returned its Work is completed with no exception."""
+    n = pg.world_size
+    groups = [pg.group, pg.new_group(list(range(n)))]
+    inputs = [[case.input(pg.seed, r * 64 + k, case.size + k, n) for r in range(n)] for k in range(count)]
+    tensors = [x[pg.rank].to(pg.device, copy=True) for x in inputs]
+    op = reduce_op(case.op)
+    works = [dist.all_reduce(t, op=op, group=groups[k % 2], async_op=True) for k, t in enumerate(tensors)]
+    for k in (k for k in order if k < count):
+        works[k].wait()
+        assert works[k].is_completed(), f"all_reduce {k + 1} of {count}: wait() returned, not completed"
+        assert works[k].exception() is None, f"all_reduce {k + 1} of {count}: {works[k].exception()}"
+    for k, (tensor, x) in enumerate(zip(tensors, inputs, strict=True)):
+        try:
+            assert_reduced_close(tensor, x, case.op, case.values)
+        except AssertionError as exc:
+            raise AssertionError(f"all_reduce {k + 1} of {count} in flight (group {k % 2}): {exc}") from None

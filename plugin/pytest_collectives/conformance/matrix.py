@@ -53,6 +53,7 @@ class CapabilityMatrix:
         self.backend = backend
         self.probes: dict[int, Capabilities] = {}
         self.tallies: dict[Cell, _Tally] = {}
+        self.ran = 0  # conformance tests that ran (passed or failed), cells or not
 
     def add_probe(self, capabilities: Capabilities) -> None:
         self.probes[capabilities.world_size] = capabilities
@@ -108,11 +109,35 @@ class CapabilityMatrix:
             "cells": self.rows(),
         }
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and not report.skipped and "conformance" in report.keywords:
+            self.ran += 1
+
+    def checked_nothing(self) -> bool:
+        """Whether conformance tests were collected and none ran: every one N/A or skipped, so no cell was
+        tried. Such a run proves nothing and must not pass."""
+        return (
+            bool(self.probes)
+            and not self.ran
+            and not any(t.passed or t.failed for t in self.tallies.values())
+        )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.checked_nothing() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.probes:
             return
         doc = self.document()
         terminalreporter.section("capability matrix")
+        if self.checked_nothing():
+            terminalreporter.write_line(
+                "conformance checked nothing: every conformance test was skipped (N/A), no cell was tried; "
+                "the run fails",
+                red=True,
+            )
         for line in grid(doc, _MARK, sep=" "):
             terminalreporter.write_line(line)
         path = self.config.getoption("capability_json")
