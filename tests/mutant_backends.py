@@ -216,6 +216,25 @@ class SamePeerMessagesSwapped(ReferenceBackend):
         return work
 
 
+class ReceivedNanDroppedInSum(ReferenceBackend):
+    """all_reduce SUM of floats sanitises what it receives (NaN to 0) but not its own input: a NaN counts
+    only on the rank that holds it."""
+
+    name = "mutant_received_nan_dropped_in_sum"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        opts = opts or _options.AllreduceOptions()
+        tensor = tensors[0]
+        if not (tensor.is_floating_point() and opts.reduceOp == dist.ReduceOp.SUM):
+            return super().allreduce(tensors, opts)
+        parts = [torch.empty_like(tensor) for _ in range(self.size())]
+        work = super().allgather([parts], [tensor])
+        work.wait()
+        others = [p.nan_to_num(nan=0.0) for i, p in enumerate(parts) if i != self.rank()]
+        tensor.copy_(sum(others, parts[self.rank()].clone()))
+        return work
+
+
 def _sum_for_avg(opts: Any) -> Any:
     if opts.reduceOp == dist.ReduceOp.AVG:
         opts.reduceOp = dist.ReduceOp.SUM
@@ -228,6 +247,7 @@ MUTANTS = [
     Uint8ComparedAsInt8,
     AvgRunAsSum,
     SamePeerMessagesSwapped,
+    ReceivedNanDroppedInSum,
     GatherPermutesRanks,
     UnevenAllToAllOffByOne,
     BroadcastFromRankZero,

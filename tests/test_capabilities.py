@@ -148,6 +148,12 @@ MUTANTS = [
     ("mutant_bf16_reduced_through_fp16", "test_every_cell.py", "every", "*over 3 ranks of torch.bfloat16: *"),
     ("mutant_avg_run_as_sum", "test_every_cell.py", "every", "*avg over 3 ranks of *"),
     (
+        "mutant_received_nan_dropped_in_sum",
+        "test_all_reduce.py",
+        "sum_avg_product_whichever",
+        "*sum of torch.* over 3 ranks: nan held by rank 0 gives nan (nan), held by rank * gives finite*",
+    ),
+    (
         "mutant_same_peer_messages_swapped",
         "test_point_to_point.py",
         "in_flight",

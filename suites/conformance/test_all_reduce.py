@@ -132,3 +132,57 @@ def test_async_all_reduces_in_flight_on_two_groups(pg, case, count, order):
             assert_reduced_close(tensor, x, case.op, case.values)
         except AssertionError as exc:
             raise AssertionError(f"all_reduce {k + 1} of {count} in flight (group {k % 2}): {exc}") from None
+
+
+EXCEPTIONAL = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def kind_of(x: torch.Tensor) -> list[str]:
+    """Each element as NaN, infinite or finite: what may not depend on which rank held an exceptional value
+    (the sign of an infinite product depends on the other ranks' signs)."""
+    x = x.detach().cpu().double()
+    return ["nan" if v != v else "inf" if abs(v) == float("inf") else "finite" for v in x.tolist()]
+
+
+def exceptional_cases(ops: tuple[str, ...]) -> st.SearchStrategy:
+    return reductions(["all_reduce"], dtypes=FLOATS, ops=ops, members=st.none())
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("all_reduce")
+@examples(
+    case=exceptional_cases(("min", "max")), value=st.sampled_from(list(EXCEPTIONAL)), repeat=st.integers(1, 4)
+)
+def test_nan_and_inf_in_min_max_whichever_rank_holds_them(pg, case, value, repeat):
+    check_exceptional_values(pg, case, value, repeat)
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("all_reduce")
+@examples(
+    case=exceptional_cases(("sum", "avg", "product")),
+    value=st.sampled_from(list(EXCEPTIONAL)),
+    repeat=st.integers(1, 4),
+)
+def test_nan_and_inf_in_sum_avg_product_whichever_rank_holds_them(pg, case, value, repeat):
+    check_exceptional_values(pg, case, value, repeat)
+
+
+def check_exceptional_values(pg, case, value: str, repeat: int) -> None:
+    """NaN and +-inf, placed on each rank in turn (element j holds it on rank j % n alone, the others
+    ordinary values): whatever the backend makes of it (a NaN in MAX propagated, as torch does, or
+    dropped), it must make the same whichever rank holds it (MLX's NaN in MAX did not: mlx 4072)."""
+    n = pg.world_size
+    inputs = [rank_input(pg.seed, r, n * repeat, case.dtype) for r in range(n)]
+    for r, x in enumerate(inputs):
+        x[r::n] = EXCEPTIONAL[value]
+    tensor = inputs[pg.rank].to(pg.device, copy=True)
+    dist.all_reduce(tensor, op=reduce_op(case.op))
+    kinds = kind_of(tensor)
+    for j, kind in enumerate(kinds):
+        if kind != kinds[0]:
+            raise AssertionError(
+                f"{case.op} of {case.dtype} over {n} ranks: {value} held by rank 0 gives {kinds[0]} "
+                f"({tensor[0].item()!r}), held by rank {j % n} gives {kind} ({tensor[j].item()!r}): the "
+                "result depends on which rank holds it"
+            )
