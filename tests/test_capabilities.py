@@ -312,7 +312,13 @@ def test_one_rank_is_a_world_size(pytester: pytest.Pytester) -> None:
     (point-to-point needs a peer)."""
     copy_conformance(
         pytester.path,
-        ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py", "test_reduce_scatter.py"),
+        (
+            "test_all_reduce.py",
+            "test_operations.py",
+            "test_point_to_point.py",
+            "test_reduce_scatter.py",
+            "test_every_cell.py",
+        ),
     )
     result = pytester.runpytest("--world-sizes", "1", "-p", "no:cacheprovider", "-rs")
     outcomes = result.parseoutcomes()

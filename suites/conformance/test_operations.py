@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from hypothesis import strategies as st
 
-from pytest_collectives import examples
+from pytest_collectives import examples, sweep
 from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import assert_reduced_close, reduce_op
 from pytest_collectives.conformance import properties
@@ -26,6 +26,7 @@ from pytest_collectives.conformance.cases import (
     Calls,
     assert_moved,
     cases,
+    every_cell,
     laid_out,
     movements,
     of_the_algorithm,
@@ -95,6 +96,18 @@ def test_all_gather_list_uneven(pg, case, extra):
 @pytest.mark.needs("reduce_scatter")
 @examples(case=reductions(["reduce_scatter"], sizes=st.integers(0, 2000), layouts=DENSE))
 def test_reduce_scatter_list(pg, case):
+    check_reduce_scatter_list(pg, case)
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("reduce_scatter")
+@sweep(case=every_cell("reduce_scatter"))
+def test_reduce_scatter_list_every_cell(pg, case):
+    """Every supported cell, every run (as test_every_cell.py does for the registry's contracts)."""
+    check_reduce_scatter_list(pg, case)
+
+
+def check_reduce_scatter_list(pg, case) -> None:
     found = properties.members(pg, case)
     if found is None:
         return

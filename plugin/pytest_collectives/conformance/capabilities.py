@@ -156,7 +156,12 @@ _REFUSALS: dict[str, list[str]] = {
         r"No backend type associated with device type \w+",
         r"monitored_barrier is only implemented for GLOO backend\.",
     ],
-    "gloo": [r"Invalid scalar type", r"Cannot use ReduceOp\.PREMUL_SUM with Gloo"],
+    # gloo's AVG divides in place: of an integer tensor, torch refuses the cast back
+    "gloo": [
+        r"Invalid scalar type",
+        r"Cannot use ReduceOp\.PREMUL_SUM with Gloo",
+        r"result type Float can't be cast to the desired output type \w+",
+    ],
     # ProcessGroupNCCL's words, from torch's source (not yet seen on a GPU by this project)
     "nccl": [
         r"Cannot use ReduceOp\.\w+ with NCCL",

@@ -158,23 +158,27 @@ SWEEP_SIZE = 97  # a prime: no world size divides it
 TIERS = (1 << 16, 1 << 20)
 
 
-def every_cell() -> st.SearchStrategy[list[Case]]:
-    """Every cell of the running test's ``algorithm`` the probe found supported, as one sweep
+def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
+    """Every cell of ``operation`` (a backend call; by default the running test's ``algorithm``) the probe
+    found supported, as one sweep
     (``examples.sweep``): each (dtype, reduce op) at SWEEP_SIZE elements with small values, at the top of
     the dtype's range and at its bottom (subnormals); each dtype at 64 Ki elements, its reduce op and
     scale rotating; one cell at 1 Mi. Over the whole world, each cell with its own root. What rotates
     turns with a drawn ``turn``: another on each run, the same for a seed (``--hypothesis-seed``)."""
-    return st.integers(0, 1 << 16).map(_every_cell)
+    return st.integers(0, 1 << 16).map(lambda turn: _every_cell(operation, turn))
 
 
-def _every_cell(turn: int) -> list[Case]:
-    algorithm = registry.get(item_parameter("algorithm"))
-    reduces = algorithm.operation in caps.REDUCTIONS
-    cells = supported_cells([algorithm.name], DTYPES, REDUCE_OPS if reduces else (NO_OP,))
+def _every_cell(operation: str | None, turn: int) -> list[Case]:
+    if operation is None:
+        algorithm = registry.get(item_parameter("algorithm"))
+        name, reduces = algorithm.name, algorithm.operation in caps.REDUCTIONS
+    else:
+        name, reduces = operation, operation in caps.REDUCTIONS
+    cells = supported_cells([name], DTYPES, REDUCE_OPS if reduces else (NO_OP,))
     tried = (SMALL, Values("full", SCALE), Values("full", -SCALE)) if reduces else (SMALL, Values("full"))
 
     def case(i: int, dtype: torch.dtype, op: str, size: int, values: Values) -> Case:
-        return Case((algorithm.name,), dtype, op, size, "contiguous", None, i % MAX_RANKS, values)
+        return Case((name,), dtype, op, size, "contiguous", None, i % MAX_RANKS, values)
 
     sweep = [case(i, *cell, SWEEP_SIZE, values) for i, cell in enumerate(cells) for values in tried]
     dtypes = [dtype for dtype in DTYPES if any(d == dtype for d, _ in cells)]
