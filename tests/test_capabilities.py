@@ -146,7 +146,12 @@ MUTANTS = [
     ("mutant_int64_reduced_in_32_bits", "test_every_cell.py", "every", "*over 3 ranks of torch.int64: *"),
     ("mutant_uint8_compared_as_int8", "test_every_cell.py", "every", "*m?? over 3 ranks of torch.uint8: *"),
     ("mutant_bf16_reduced_through_fp16", "test_every_cell.py", "every", "*over 3 ranks of torch.bfloat16: *"),
-    ("mutant_avg_run_as_sum", "test_every_cell.py", "every", "*avg over 3 ranks of *"),
+    (
+        "mutant_avg_run_as_sum",
+        "test_every_cell.py",
+        "every",
+        "*avg over 3 ranks of *it is the SUM: AVG not divided*",
+    ),
     (
         "mutant_received_nan_dropped_in_sum",
         "test_all_reduce.py",

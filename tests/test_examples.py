@@ -114,3 +114,46 @@ def test_examples_names_a_parameter_the_test_lacks() -> None:
         @pytest_collectives.examples(size=st.integers())
         def test_x(pg, n):  # pragma: no cover - never run
             pass
+
+
+SWEPT = """
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import strategies as st
+
+import pytest_collectives
+
+
+@pytest.mark.world_size(2)
+@pytest_collectives.sweep(n=st.just(list(range(40))), m=st.just([k % 3 for k in range(40)]))
+def test_every_listed_example(pg, n, m):
+    t = torch.full((m,), float(n))
+    dist.all_reduce(t)
+    assert not (n == 37 and pg.rank == 1), f"rank 1 at n={n}, m={m}"
+
+
+@pytest.mark.world_size(2)
+@pytest_collectives.sweep(n=st.just([1, 2]), m=st.just([1]))
+def test_listings_of_two_lengths(pg, n, m):
+    pass
+"""
+
+
+def test_a_sweep_runs_every_listed_example_once_and_names_the_one_that_failed(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_swept=SWEPT)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    # one hypothesis example: the sweep's 38 examples up to the failing one, not a batch per draw
+    result.stdout.fnmatch_lines(
+        [
+            "the failing example: n=37, m=1",
+            "*AssertionError: rank 1 at n=37, m=1",
+            "*ValueError: @sweep: the listings differ in length: {'n': 2, 'm': 1}",
+        ],
+        consecutive=False,
+    )
+    assert "38 distributed examples" in out

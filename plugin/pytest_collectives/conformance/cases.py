@@ -160,11 +160,11 @@ TIERS = (1 << 16, 1 << 20)
 
 def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
     """Every cell of ``operation`` (a backend call; by default the running test's ``algorithm``) the probe
-    found supported, as one sweep
-    (``examples.sweep``): each (dtype, reduce op) at SWEEP_SIZE elements with small values, at the top of
-    the dtype's range and at its bottom (subnormals); each dtype at 64 Ki elements, its reduce op and
-    scale rotating; one cell at 1 Mi. Over the whole world, each cell with its own root. What rotates
-    turns with a drawn ``turn``: another on each run, the same for a seed (``--hypothesis-seed``)."""
+    found supported, as one sweep (``examples.sweep``): each (dtype, reduce op) at SWEEP_SIZE elements with
+    small values, at the top of the dtype's range and at its bottom (subnormals); each dtype at 64 Ki
+    elements, its reduce op and scale rotating; one cell at 1 Mi. Over the whole world, each cell with its
+    own root. What rotates turns with a drawn ``turn``: another on each run, the same for a seed
+    (``--hypothesis-seed``)."""
     return st.integers(0, 1 << 16).map(lambda turn: _every_cell(operation, turn))
 
 
@@ -186,7 +186,8 @@ def _every_cell(operation: str | None, turn: int) -> list[Case]:
         ops = [op for d, op in cells if d == dtype]
         scale = (turn + i) % (2 * SCALE + 1) - SCALE
         sweep.append(case(turn + i, dtype, ops[(turn + i) % len(ops)], TIERS[0], Values("full", scale)))
-    sweep.append(case(turn, *cells[turn % len(cells)], TIERS[1], Values("full", turn % SCALE)))
+    if cells:
+        sweep.append(case(turn, *cells[turn % len(cells)], TIERS[1], Values("full", turn % SCALE)))
     return sweep
 
 

@@ -1,0 +1,131 @@
+"""What the conformance inputs hold (reference.Values), checked without processes: full-range values reach
+what small ones cannot, and the floats called exactly reducible are, in any order a backend may take."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_collectives.algorithms.reference import (
+    SCALE,
+    Values,
+    assert_reduced_close,
+    rank_input,
+    reduce_reference,
+)
+from pytest_collectives.conformance.cases import sentinel
+
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+FULL = st.builds(Values, kind=st.just("full"), scale=st.integers(-SCALE, SCALE))
+
+
+def in_dtype(inputs: list[torch.Tensor], op: str, order: list[int], scale_first: bool) -> torch.Tensor:
+    """The reduction a backend could compute, rounding to the dtype after every step, in ``order``."""
+    n = len(inputs)
+    xs = [inputs[i] for i in order]
+    if op == "premul_sum":
+        xs = [x * 2 for x in xs]
+    if op == "avg" and scale_first:
+        xs = [x / n for x in xs]
+    step = {"product": torch.mul, "min": torch.minimum, "max": torch.maximum}.get(op, torch.add)
+    result = functools.reduce(step, xs)
+    return result / n if op == "avg" and not scale_first else result
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from(FLOATS),
+    op=st.sampled_from(["sum", "avg", "premul_sum", "min", "max", "product"]),
+    members=st.integers(1, 8),
+    values=FULL,
+    order=st.randoms(use_true_random=False),
+    scale_first=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_exactly_reducible_floats_reduce_exactly_in_any_order(
+    dtype, op, members, values, order, scale_first, seed
+):
+    inputs = [rank_input(seed, r, 64, dtype, values=values, op=op, members=members) for r in range(members)]
+    assert all(torch.isfinite(x).all() for x in inputs)
+    permutation = list(range(members))
+    order.shuffle(permutation)
+    result = in_dtype(inputs, op, permutation, scale_first)
+    assert torch.isfinite(result).all(), "an exactly reducible input overflowed"
+    if values.exact(dtype, op, members):
+        assert torch.equal(result, reduce_reference(inputs, op).to(dtype))
+    assert_reduced_close(result, inputs, op, values)  # the bound where exactness is not claimed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_top_of_the_range_is_past_float16s(dtype):
+    x = rank_input(0, 0, 256, dtype, values=Values("full", SCALE), op="sum", members=8)
+    assert x.abs().min() > torch.finfo(torch.float16).max
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_the_bottom_of_the_range_is_subnormal(dtype):
+    x = rank_input(0, 0, 256, dtype, values=Values("full", -SCALE), op="sum", members=8)
+    assert (x != 0).all() and (x.abs() < torch.finfo(dtype).tiny).all()
+
+
+def test_full_integers_reach_past_32_and_53_bits_and_every_high_bit():
+    wide = rank_input(1, 0, 4096, torch.int64, values=Values("full"))
+    assert (wide.abs() > 2**53).float().mean() > 0.9 and (wide < 0).any()
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
+        x = rank_input(1, 0, 4096, dtype, values=Values("full"))
+        bits = torch.iinfo(dtype).bits
+        assert (x.to(torch.int64) & (1 << (bits - 1))).any() or (x < 0).any()
+        assert (x != 0).all(), "0 is the integers' sentinel"
+    small = rank_input(1, 0, 4096, torch.int64)
+    assert small.abs().max() <= 8
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2])
+def test_moved_floats_hold_every_kind_of_value_but_the_sentinel(dtype):
+    x = rank_input(2, 0, 1 << 16, dtype, values=Values("full"), op=None)
+    flat = (torch.view_as_real(x) if dtype.is_complex else x).reshape(-1).to(torch.float64)
+    assert flat.isnan().any() and (flat != flat).sum() < flat.numel() / 2
+    zeros = flat[flat == 0]
+    assert zeros.signbit().any() and not zeros.signbit().all(), "both +0.0 and -0.0"
+    assert ((flat != 0) & (flat.abs() < torch.finfo(x.real.dtype).tiny)).any(), "a subnormal"
+    if dtype != torch.float8_e4m3fn:  # e4m3fn has no infinities
+        assert flat.isinf().any()
+    width = x.element_size()
+    got = torch.empty(x.numel(), dtype=dtype).copy_(x.reshape(-1)).view(torch.uint8).reshape(-1, width)
+    nan = sentinel(1, dtype, "cpu").view(torch.uint8).reshape(1, width)
+    assert not (got == nan).all(1).any()
+
+
+def through_float16(xs: list[torch.Tensor]) -> torch.Tensor:
+    return sum(x.to(torch.float16) for x in xs).to(torch.bfloat16)
+
+
+def in_32_bits(xs: list[torch.Tensor]) -> torch.Tensor:
+    return sum(x.to(torch.int32) for x in xs).to(torch.int64)
+
+
+def first_dropped(xs: list[torch.Tensor]) -> torch.Tensor:
+    return sum(xs[1:])
+
+
+@pytest.mark.parametrize(
+    "bug, dtype, small_passes",
+    [
+        (through_float16, torch.bfloat16, True),  # overflows only past float16's range
+        (in_32_bits, torch.int64, True),  # small values fit 32 bits
+        (first_dropped, torch.bfloat16, False),  # small values catch it on most elements, full ones on all
+    ],
+    ids=["bf16-through-fp16", "int64-in-32-bits", "one-contribution-dropped"],
+)
+def test_full_values_catch_what_small_ones_pass(bug, dtype, small_passes):
+    full = Values("full", SCALE)
+    xs = [rank_input(3, r, 512, dtype, values=full, op="sum", members=8) for r in range(8)]
+    with pytest.raises(AssertionError, match="sum over 8 ranks of torch.* 512 of 512 elements"):
+        assert_reduced_close(bug(xs), xs, "sum", full)
+    small = [rank_input(3, r, 512, dtype) for r in range(8)]
+    if small_passes:  # what the suite passed before its inputs reached the bug
+        assert_reduced_close(bug(small), small, "sum")
