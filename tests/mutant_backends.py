@@ -177,6 +177,23 @@ class AvgRunAsSum(ReferenceBackend):
         return super().reduce_scatter(outputs, inputs, _sum_for_avg(opts or _options.ReduceScatterOptions()))
 
 
+class LargeReduceScatterTailUnreduced(ReferenceBackend):
+    """reduce_scatter of blocks of 64 Ki elements or more leaves the last element of this rank's block its
+    own input, unreduced (the shape of the large-message bugs of pytorch 50092 and nccl 1950)."""
+
+    name = "mutant_large_reduce_scatter_tail_unreduced"
+
+    def reduce_scatter(self, outputs: list[Any], inputs: list[list[Any]], opts: Any = None) -> dist.Work:
+        output, mine = outputs[0], inputs[0][self.rank()]
+        if output.numel() < 1 << 16:
+            return super().reduce_scatter(outputs, inputs, opts)
+        own = mine.reshape(-1)[-1].clone()
+        work = super().reduce_scatter(outputs, inputs, opts)
+        work.wait()
+        output.view(-1)[-1] = own
+        return work
+
+
 class _Landing(dist.Work):
     """A receive that lands in a buffer of its own and is copied to ``target`` when waited."""
 
@@ -248,6 +265,7 @@ MUTANTS = [
     AvgRunAsSum,
     SamePeerMessagesSwapped,
     ReceivedNanDroppedInSum,
+    LargeReduceScatterTailUnreduced,
     GatherPermutesRanks,
     UnevenAllToAllOffByOne,
     BroadcastFromRankZero,

@@ -153,6 +153,12 @@ MUTANTS = [
         "*avg over 3 ranks of *it is the SUM: AVG not divided*",
     ),
     (
+        "mutant_large_reduce_scatter_tail_unreduced",
+        "test_operations.py",
+        "reduce_scatter_list_every_cell",
+        "*over 3 ranks of torch.*: 1 of 65536 elements *",
+    ),
+    (
         "mutant_received_nan_dropped_in_sum",
         "test_all_reduce.py",
         "sum_avg_product_whichever",

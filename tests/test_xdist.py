@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PLUGIN, outcomes
+from helpers import PLUGIN, copy_conformance, outcomes
 
 from pytest_collectives.execution.options import OptionError
 from pytest_collectives.execution.xdist import gpu_subset, visible_devices, worker
@@ -108,3 +108,34 @@ def test_only_the_controller_gates_and_reports(tmp_path: Path) -> None:
     assert lines == ["controller: collectives-gate,collectives-node-report", "gw0: -", "gw1: -"], lines
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["tests"]["passed"] + report["tests"]["failed"] == 11
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_capability_matrix_and_counts_of_a_plain_run(tmp_path: Path) -> None:
+    """The workers' probes, tallies and example counts reach the controller (xdist's workeroutput): the
+    matrix, its JSON and the closing line are the serial run's. The sweep lists the same cases every run."""
+    copy_conformance(tmp_path, ("test_every_cell.py",))
+    args = ["test_every_cell.py", "-k", "broadcast", "--world-sizes", "2,3", "-p", "no:cacheprovider"]
+    serial = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "--capability-json", "serial.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    parallel = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "-n", "2", "--capability-json", "xdist.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert serial.returncode == parallel.returncode == 0, serial.stdout[-2000:] + parallel.stdout[-2000:]
+
+    def statuses(name: str) -> dict[tuple[str, str, str], str]:
+        doc = json.loads((tmp_path / name).read_text())
+        assert doc["world_sizes"] == [2, 3]
+        return {(c["operation"], c["dtype"], c["reduce_op"]): c["status"] for c in doc["cells"]}
+
+    assert statuses("xdist.json") == statuses("serial.json")
+    assert statuses("serial.json")["broadcast", "float32", "-"] == "PASS"
+
+    def examples(out: str) -> str:
+        return next(line for line in out.splitlines() if "distributed examples" in line).split("; ")[-1]
+
+    assert examples(parallel.stdout) == examples(serial.stdout)
+    assert "capability matrix" in parallel.stdout and "2 xdist workers (gw0: " in parallel.stdout

@@ -127,11 +127,16 @@ def pytest_configure(config: pytest.Config) -> None:
         launcher = spmd.SpmdLauncher(config, settings, env)
         config.pluginmanager.register(launcher, "collectives-spmd")  # its own hooks: rank 0 alone speaks
     config.pluginmanager.register(DistributedSession(config, settings, launcher), "collectives-session")
-    if (env is not None and env.rank != 0) or xdist_support.worker(os.environ) is not None:
-        # One process compares, saves and reports for the session: rank 0 in SPMD mode, the controller
-        # under xdist (it sees every worker's test reports; benchmarks do not run on workers).
+    if xdist_support.worker(os.environ) is not None:
+        # its matrix goes to the controller (xdist.XdistController), which reports for the session
+        matrix = CapabilityMatrix(config, settings.backend, worker=True)
+        config.pluginmanager.register(matrix, "collectives-capabilities")
         return
+    if env is not None and env.rank != 0:
+        return  # one process compares, saves and reports for the session: rank 0 in SPMD mode
     config.pluginmanager.register(CapabilityMatrix(config, settings.backend), "collectives-capabilities")
+    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
+        config.pluginmanager.register(xdist_support.XdistController(config), "collectives-xdist-controller")
     baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus, can_remeasure=env is None)
     config.pluginmanager.register(baseline_gate, "collectives-gate")
     if config.getoption("node_report"):

@@ -48,9 +48,10 @@ class _Tally:
 class CapabilityMatrix:
     """Collects probes and example verdicts over a session; a pytest plugin for its outputs."""
 
-    def __init__(self, config: pytest.Config, backend: str) -> None:
+    def __init__(self, config: pytest.Config, backend: str, worker: bool = False) -> None:
         self.config = config
         self.backend = backend
+        self.worker = worker  # a pytest-xdist worker: hands its tallies to the controller, writes nothing
         self.probes: dict[int, Capabilities] = {}
         self.tallies: dict[Cell, _Tally] = {}
         self.ran = 0  # conformance tests that ran (passed or failed), cells or not
@@ -124,11 +125,43 @@ class CapabilityMatrix:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.checked_nothing() and session.exitstatus == pytest.ExitCode.OK:
+        if self.worker:
+            self.config.workeroutput["collectives_matrix"] = self.export()  # type: ignore[attr-defined]
+        elif self.checked_nothing() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def export(self) -> dict[str, Any]:
+        """The probes and tallies as plain data: what an xdist worker hands its controller (``merge``)."""
+        return {
+            "probes": [
+                {
+                    "backend": c.backend,
+                    "device_type": c.device_type,
+                    "world_size": c.world_size,
+                    "cells": [[*cell, reason] for cell, reason in c.cells.items()],
+                }
+                for c in self.probes.values()
+            ],
+            "tallies": [[*cell, t.passed, t.failed, t.first_failure] for cell, t in self.tallies.items()],
+            "ran": self.ran,
+        }
+
+    def merge(self, exported: dict[str, Any]) -> None:
+        """Add a worker's ``export()``: the controller's matrix is then the serial run's."""
+        from pytest_collectives.conformance.capabilities import Capabilities
+
+        for probe in exported["probes"]:
+            cells = {(op, dtype, reduce_op): reason for op, dtype, reduce_op, reason in probe["cells"]}
+            self.add_probe(Capabilities(probe["backend"], probe["device_type"], probe["world_size"], cells))
+        for operation, dtype, op, passed, failed, first_failure in exported["tallies"]:
+            tally = self.tallies.setdefault((operation, dtype, op), _Tally())
+            tally.passed += passed
+            tally.failed += failed
+            tally.first_failure = tally.first_failure or first_failure
+        self.ran += exported["ran"]
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.probes:
+        if not self.probes or self.worker:
             return
         doc = self.document()
         terminalreporter.section("capability matrix")

@@ -260,6 +260,7 @@ class DistributedSession:
         self.settings = settings
         self.launcher = launcher
         self.calls: dict[int, int] = {}  # world size -> test calls and hypothesis examples run on ranks
+        self.workers: list[str] = []  # under xdist, on the controller: what each worker's launcher did
         self.last_of_size: dict[str, int] = {}  # node id -> world size no later test runs on
 
     @pytest.hookimpl(tryfirst=True)
@@ -422,11 +423,19 @@ class DistributedSession:
             notes = "\n".join(getattr(exc, "__notes__", []))
             rep.longrepr = f"{notes}\n\n{exc.outcome.render()}" if notes else exc.outcome.render()
 
+    def pytest_sessionfinish(self) -> None:
+        if hasattr(self.config, "workeroutput"):  # an xdist worker: the controller prints the counts
+            self.config.workeroutput["collectives_calls"] = {str(n): c for n, c in self.calls.items()}
+            self.config.workeroutput["collectives_summary"] = self.launcher.summary()
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.calls:
             sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))
             calls = f"{sum(self.calls.values())} distributed examples ({sizes})"
-            terminalreporter.write_line(f"collectives: {self.launcher.summary()}; {calls}")
+            where = self.launcher.summary()
+            if self.workers:
+                where = f"{len(self.workers)} xdist workers ({', '.join(sorted(self.workers))})"
+            terminalreporter.write_line(f"collectives: {where}; {calls}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.launcher.close()

@@ -1,11 +1,14 @@
 """pytest-xdist: each worker runs its own pooled groups (own temp dirs, own FileStores), so ``-n K`` needs
 nothing on CPU. With ``--gpus G``, worker i of K owns GPUs [i*G/K, (i+1)*G/K) and no two groups share a
 GPU. Benchmarks are skipped: they need the whole node, and the other workers' traffic would be measured.
+Each worker hands its example counts and capability matrix to the controller (xdist's workeroutput),
+which prints and writes them as a serial run does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 import pytest
 
@@ -73,3 +76,21 @@ class XdistWorker:
                     f"needs {n} GPUs; {self.name} owns GPUs {gpus} (run it without -n, or with fewer workers)"
                 )
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+class XdistController:
+    """On the controller of an xdist run: adds each worker's counts and matrix to its own."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        output = getattr(node, "workeroutput", {})
+        session = self.config.pluginmanager.get_plugin("collectives-session")
+        for n, count in output.get("collectives_calls", {}).items():
+            session.calls[int(n)] = session.calls.get(int(n), 0) + count
+        if "collectives_summary" in output:
+            session.workers.append(f"{node.gateway.id}: {output['collectives_summary']}")
+        matrix = self.config.pluginmanager.get_plugin("collectives-capabilities")
+        if matrix is not None and "collectives_matrix" in output:
+            matrix.merge(output["collectives_matrix"])
