@@ -30,7 +30,7 @@ import pytest
 
 from pytest_collectives.errors import OneLineError
 
-__all__ = ["KnownBug", "ManifestError", "load", "mark", "pytest_runtest_makereport"]
+__all__ = ["KnownBug", "ManifestError", "expected", "load", "mark", "pytest_runtest_makereport"]
 
 _KEYS = ("backends", "test", "raises", "match", "reason")
 
@@ -108,19 +108,24 @@ def mark(items: Iterable[pytest.Item], backend: str, bugs: Sequence[KnownBug]) -
                 item.stash.setdefault(_BUGS, []).append(bug)
 
 
+def expected(item: pytest.Item) -> list[KnownBug]:
+    """The known bugs ``item`` is expected to fail with on this run's backend."""
+    return item.stash.get(_BUGS, [])
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: after pytest made the failure an xfail
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """An expected failure that is not the known bug is a failure, with what was expected."""
     outcome = yield
     report = outcome.get_result()
-    bugs = item.stash.get(_BUGS, [])
+    bugs = expected(item)
     if not bugs or report.when != "call" or not (report.skipped and hasattr(report, "wasxfail")):
         return
     failure = report.longreprtext
     raised = f"{call.excinfo.typename}: {call.excinfo.value}" if call.excinfo else ""
     if any(bug.explains(raised) or bug.explains(failure) for bug in bugs):
         return
-    expected = "; or ".join(f"{b.raises} matching {b.match!r} ({b.source})" for b in bugs)
+    wanted = "; or ".join(f"{b.raises} matching {b.match!r} ({b.source})" for b in bugs)
     report.outcome = "failed"
     del report.wasxfail
-    report.longrepr = f"{failure}\n\nnot the known bug this test is marked with: expected {expected}"
+    report.longrepr = f"{failure}\n\nnot the known bug this test is marked with: expected {wanted}"

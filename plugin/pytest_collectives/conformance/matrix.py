@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_collectives.atomic import write_atomic
+from pytest_collectives.conformance import known_bugs
 
 if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
     from pytest_collectives.conformance.capabilities import Capabilities, Cell
 
-PASS, FAIL, NA, UNTESTED = "PASS", "FAIL", "N/A", "untested"
-STATUSES = (PASS, FAIL, NA, UNTESTED)
-_MARK = {PASS: "P", FAIL: "F", NA: ".", UNTESTED: "-"}
+PASS, FAIL, KNOWN, NA, UNTESTED = "PASS", "FAIL", "known bug", "N/A", "untested"
+STATUSES = (PASS, FAIL, KNOWN, NA, UNTESTED)
+_MARK = {PASS: "P", FAIL: "F", KNOWN: "K", NA: ".", UNTESTED: "-"}
 _SHORT = {
     "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "complex64": "c64",
     "complex128": "c128", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
@@ -42,7 +43,9 @@ def short_dtype(name: str) -> str:
 class _Tally:
     passed: int = 0
     failed: int = 0
+    known: int = 0  # failed examples of a test a known-bug manifest expects to fail
     first_failure: str = ""  # the test (and world size) of the first failing example
+    known_bug: str = ""  # the manifest's reason for the first known one
 
 
 class CapabilityMatrix:
@@ -64,11 +67,15 @@ class CapabilityMatrix:
     ) -> None:
         if verdict not in ("passed", "failed"):
             return
+        bugs = known_bugs.expected(item)
         for value in kwargs.values():
             for cell in getattr(value, "cells", lambda: ())():
                 tally = self.tallies.setdefault(cell, _Tally())
                 if verdict == "passed":
                     tally.passed += 1
+                elif bugs:  # the test fails the run if this is not the bug (known_bugs)
+                    tally.known += 1
+                    tally.known_bug = tally.known_bug or bugs[0].reason
                 else:
                     tally.failed += 1
                     tally.first_failure = tally.first_failure or f"{item.nodeid} ({world_size} ranks)"
@@ -86,6 +93,8 @@ class CapabilityMatrix:
             refused = [r for r in reasons if r]
             if tally.failed:
                 status = FAIL
+            elif tally.known:
+                status = KNOWN
             elif tally.passed:
                 status = PASS
             elif refused and len(refused) == len(reasons):
@@ -93,9 +102,11 @@ class CapabilityMatrix:
             else:
                 status = UNTESTED
             row = {"operation": cell[0], "dtype": cell[1], "reduce_op": cell[2], "status": status}
-            row.update(passed=tally.passed, failed=tally.failed)
+            row.update(passed=tally.passed, failed=tally.failed, known=tally.known)
             if status == NA:
                 row["reason"] = refused[0]
+            if tally.known_bug:
+                row["known_bug"] = tally.known_bug
             if tally.first_failure:
                 row["first_failure"] = tally.first_failure
             rows.append(row)
@@ -142,7 +153,7 @@ class CapabilityMatrix:
                 }
                 for c in self.probes.values()
             ],
-            "tallies": [[*cell, t.passed, t.failed, t.first_failure] for cell, t in self.tallies.items()],
+            "tallies": [[*cell, dataclasses.asdict(t)] for cell, t in self.tallies.items()],
             "ran": self.ran,
         }
 
@@ -153,11 +164,13 @@ class CapabilityMatrix:
         for probe in exported["probes"]:
             cells = {(op, dtype, reduce_op): reason for op, dtype, reduce_op, reason in probe["cells"]}
             self.add_probe(Capabilities(probe["backend"], probe["device_type"], probe["world_size"], cells))
-        for operation, dtype, op, passed, failed, first_failure in exported["tallies"]:
+        for operation, dtype, op, counts in exported["tallies"]:
             tally = self.tallies.setdefault((operation, dtype, op), _Tally())
-            tally.passed += passed
-            tally.failed += failed
-            tally.first_failure = tally.first_failure or first_failure
+            tally.passed += counts["passed"]
+            tally.failed += counts["failed"]
+            tally.known += counts["known"]
+            tally.first_failure = tally.first_failure or counts["first_failure"]
+            tally.known_bug = tally.known_bug or counts["known_bug"]
         self.ran += exported["ran"]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -201,7 +214,9 @@ def grid(doc: dict[str, Any], marks: dict[str, str], sep: str) -> list[str]:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    lines = grid(doc, {PASS: "PASS", FAIL: "**FAIL**", NA: "N/A", UNTESTED: "-"}, sep=" | ")
+    lines = grid(
+        doc, {PASS: "PASS", FAIL: "**FAIL**", KNOWN: "known bug", NA: "N/A", UNTESTED: "-"}, sep=" | "
+    )
     title, head, rows = lines[0], lines[1], lines[2:]
     rule = " | ".join("---" for _ in head.split(" | "))
     failures = [r for r in doc["cells"] if r["status"] == FAIL]
@@ -209,6 +224,8 @@ def markdown(doc: dict[str, Any]) -> str:
     text += [*(f"| {r} |" for r in rows), ""]
     for r in failures:
         text.append(f"- FAIL {r['operation']} {r['dtype']} {r['reduce_op']}: {r['first_failure']}")
+    for r in (r for r in doc["cells"] if r["status"] == KNOWN):
+        text.append(f"- known bug {r['operation']} {r['dtype']} {r['reduce_op']}: {r['known_bug']}")
     return "\n".join(text) + "\n"
 
 
