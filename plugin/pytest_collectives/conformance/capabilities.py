@@ -175,6 +175,8 @@ _REFUSALS: dict[str, list[str]] = {
         r"Cannot use ReduceOp\.\w+ with non-integral dtype",
         r"\w+ does not support (RedOpType\.\w+ )?on complex tensors",
         r"\w+: reduce_op \w+ does not support complex tensors",  # the functional collectives' words
+        # the functional collectives address a group by its name, which a Python process group lacks
+        r"ProcessGroup name not set",
         r"Backend \w+ does not support \w+",
         r"No backend type associated with device type \w+",
         r"monitored_barrier is only implemented for GLOO backend\.",
