@@ -11,7 +11,9 @@ import pytest
 import torch
 from helpers import copy_conformance, torch_below
 
+from pytest_collectives.conformance import known_bugs
 from pytest_collectives.conformance.capabilities import Capabilities, refusal
+from pytest_collectives.conformance.known_bugs import KnownBug
 from pytest_collectives.conformance.matrix import CapabilityMatrix
 
 # The reference backends are Python ProcessGroups; torch 2.2's c10d crashes in them (a segfault in
@@ -79,6 +81,14 @@ def test_a_backend_declares_its_refusals():
 
 class _Item:
     nodeid = "suites/conformance/test_x.py::test_y[ws2]"
+    originalname = "test_y"
+    name = "test_y[ws2]"
+
+    def __init__(self) -> None:
+        self.stash = pytest.Stash()
+
+    def add_marker(self, marker) -> None:
+        pass
 
 
 class _Case:
@@ -111,6 +121,17 @@ def test_matrix_statuses():
     assert status["all_reduce", "int8", "sum"]["status"] == "FAIL"
     assert status["all_reduce", "int8", "sum"]["first_failure"].endswith("(3 ranks)")
     assert status["reduce", "float32", "sum"]["status"] == "untested"  # supported at 2 ranks, never drawn
+    # a test a known-bugs manifest expects to fail: its cells read "known bug", apart from FAIL
+    expected = _Item()
+    bug = KnownBug(("nccl-like",), "test_y", "AssertionError", "wrong", "drops it", "bugs.json")
+    known_bugs.mark([expected], "nccl-like", [bug])
+    matrix.pytest_collectives_call_done(
+        expected, 2, {"case": _Case(("all_reduce", "int32", "sum"))}, "failed"
+    )
+    row = {(r["operation"], r["dtype"], r["reduce_op"]): r for r in matrix.rows()}[
+        "all_reduce", "int32", "sum"
+    ]
+    assert (row["status"], row["known"], row["failed"], row["known_bug"]) == ("known bug", 1, 0, "drops it")
 
 
 def test_gloo_probe_and_matrix_end_to_end(pytester: pytest.Pytester) -> None:
