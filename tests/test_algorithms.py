@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -139,7 +140,10 @@ def test_a_fast_wrong_backend_fails_its_benchmark(pytester: pytest.Pytester) -> 
     assert "FAILED test_collectives.py::test_all_reduce[ws2-4KiB-reduce_scatter_all_gather]" in out
     assert "FAILED test_collectives.py::test_all_gather[ws2-4KiB]" in out
     assert "sum over 2 ranks of torch.float32: 512 of 1024 elements differ from the exact result" in out
-    assert "all_gather_single of 2 x 512 torch.float32 on group rank 0, stacked=False: 512 of 1024" in out
+    # about 512 of 1024 wrong: the other rank's block, but for the rare values both ranks hold (+-0, +-inf)
+    assert re.search(
+        r"all_gather_single of 2 x 512 torch.float32 on group rank 0, stacked=False: \d+ of 1024", out
+    )
 
 
 # The other contracts: an all-to-all posting every send and receive at once, a broadcast, and the same
