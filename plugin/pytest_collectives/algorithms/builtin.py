@@ -97,6 +97,8 @@ def _size(group: dist.ProcessGroup | None) -> int:
 
 def register_functional() -> None:
     """torch's functional collectives (algorithms/functional.py), each made of its own probed call."""
+    if not functional.AVAILABLE:
+        return
     for operation, fn, ops in (
         ("all_reduce", functional.functional_all_reduce, functional.NAMED_OPS),
         ("all_gather", functional.functional_all_gather, None),

@@ -141,7 +141,6 @@ REDUCTIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
     "reduce": _reduce,
     "reduce_scatter_single": _reduce_scatter_single,
     "reduce_scatter": _reduce_scatter,
-    "functional_all_reduce": _functional_all_reduce,
 }
 DATA_OPERATIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
     "broadcast": _broadcast,
@@ -154,10 +153,14 @@ DATA_OPERATIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
     "gather": _gather,
     "scatter": _scatter,
     "send_recv": _send_recv,
-    "functional_all_gather": _functional_all_gather,
-    "functional_all_to_all": _functional_all_to_all,
-    "functional_broadcast": _functional_broadcast,
 }
+if functional.AVAILABLE:
+    REDUCTIONS["functional_all_reduce"] = _functional_all_reduce
+    DATA_OPERATIONS.update(
+        functional_all_gather=_functional_all_gather,
+        functional_all_to_all=_functional_all_to_all,
+        functional_broadcast=_functional_broadcast,
+    )
 
 
 class _NeedsPeers(Exception):
@@ -184,7 +187,8 @@ _REFUSALS: dict[str, list[str]] = {
     # gloo's AVG divides in place: of an integer tensor, torch refuses the cast back
     "gloo": [
         r"Invalid scalar type",
-        r"Cannot use ReduceOp\.PREMUL_SUM with Gloo",
+        r"Cannot use ReduceOp\.\w+ with Gloo",  # PREMUL_SUM; AVG too before torch 2.3
+        r"ProcessGroupGloo does not support \w+",  # reduce_scatter before torch 2.3
         r"result type Float can't be cast to the desired output type \w+",
     ],
     # ProcessGroupNCCL's words, from torch's source (not yet seen on a GPU by this project)
