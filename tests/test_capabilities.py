@@ -11,7 +11,6 @@ import pytest
 import torch
 from helpers import copy_conformance, torch_below
 
-from pytest_collectives.algorithms import functional
 from pytest_collectives.conformance import known_bugs
 from pytest_collectives.conformance.capabilities import Capabilities, refusal
 from pytest_collectives.conformance.known_bugs import KnownBug
@@ -263,8 +262,7 @@ def test_nccl_rules_leave_bitwise_ops_na_and_the_suite_green(pytester: pytest.Py
         pytester, "refgloo_nccl_rules", "test_all_reduce.py", "-k", "matches_exact_reference",
         "--capability-json", "matrix.json",
     )  # fmt: skip
-    # the two decompositions need reduce, the functional one a named group: N/A here
-    result.assert_outcomes(passed=3, skipped=3)
+    result.assert_outcomes(passed=3, skipped=2)  # the two decompositions need reduce: N/A here
     rows = {
         (r["operation"], r["dtype"], r["reduce_op"]): r
         for r in json.loads((pytester.path / "matrix.json").read_text())["cells"]
@@ -333,7 +331,7 @@ def test_torch_fake_backend_fails_loudly(pytester: pytest.Pytester) -> None:
         "-p", "no:cacheprovider", "--backend", "fake",
         "--backend-module", "torch.testing._internal.distributed.fake_pg",
     )  # fmt: skip
-    result.assert_outcomes(failed=1 + functional.AVAILABLE)  # the backend's broadcast and the functional one
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*never written*"])
 
 
@@ -369,8 +367,7 @@ def test_the_node_report_holds_the_capability_matrix(pytester: pytest.Pytester) 
         "test_operations.py", "-k", "test_broadcast", "--world-sizes", "2", "--node-report", "report",
         "-p", "no:cacheprovider",
     )  # fmt: skip
-    # the backend's broadcast, the binomial tree and the functional one (torch 2.3 and later)
-    result.assert_outcomes(passed=2 + functional.AVAILABLE)
+    result.assert_outcomes(passed=2)  # the backend's broadcast and the binomial tree
     report = json.loads((pytester.path / "report" / "report.json").read_text())
     rows = {(c["operation"], c["dtype"], c["reduce_op"]): c for c in report["capabilities"]["cells"]}
     # Which dtypes hypothesis draws varies between runs; the cells it drew read PASS, none FAIL.

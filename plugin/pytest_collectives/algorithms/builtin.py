@@ -11,7 +11,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from pytest_collectives.algorithms import collectives, functional
+from pytest_collectives.algorithms import collectives
 from pytest_collectives.algorithms.registry import algorithm
 
 # The algorithms built from send/recv fold every reduce op themselves but PREMUL_SUM, whose factor is
@@ -95,18 +95,4 @@ def _size(group: dist.ProcessGroup | None) -> int:
     return dist.get_world_size(group)
 
 
-def register_functional() -> None:
-    """torch's functional collectives (algorithms/functional.py), each made of its own probed call."""
-    if not functional.AVAILABLE:
-        return
-    for operation, fn, ops in (
-        ("all_reduce", functional.functional_all_reduce, functional.NAMED_OPS),
-        ("all_gather", functional.functional_all_gather, None),
-        ("all_to_all", functional.functional_all_to_all, None),
-        ("broadcast", functional.functional_broadcast, None),
-    ):
-        algorithm(operation, uses=(fn.__name__,), ops=ops)(fn)
-
-
 register(collectives)
-register_functional()

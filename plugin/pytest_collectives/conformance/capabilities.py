@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pytest_collectives.algorithms import functional
 from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
 from pytest_collectives.algorithms.reference import OPS, reduce_op
 from pytest_collectives.execution import devices
@@ -119,23 +118,6 @@ def _send_recv(t: torch.Tensor, n: int, op: Any) -> None:
         work.wait()
 
 
-# torch's functional collectives, as registered (algorithms/functional.py): their own rows
-def _functional_all_reduce(t: torch.Tensor, n: int, op: Any) -> None:
-    functional.functional_all_reduce(t, op, dist.group.WORLD)
-
-
-def _functional_all_gather(t: torch.Tensor, n: int, op: Any) -> None:
-    functional.functional_all_gather(t.new_empty(n * t.numel()), t, dist.group.WORLD)
-
-
-def _functional_all_to_all(t: torch.Tensor, n: int, op: Any) -> None:
-    functional.functional_all_to_all(torch.empty_like(t), t, None, None, dist.group.WORLD)
-
-
-def _functional_broadcast(t: torch.Tensor, n: int, op: Any) -> None:
-    functional.functional_broadcast(t, 0, dist.group.WORLD)
-
-
 REDUCTIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
     "all_reduce": _all_reduce,
     "reduce": _reduce,
@@ -154,13 +136,6 @@ DATA_OPERATIONS: dict[str, Callable[[torch.Tensor, int, Any], None]] = {
     "scatter": _scatter,
     "send_recv": _send_recv,
 }
-if functional.AVAILABLE:
-    REDUCTIONS["functional_all_reduce"] = _functional_all_reduce
-    DATA_OPERATIONS.update(
-        functional_all_gather=_functional_all_gather,
-        functional_all_to_all=_functional_all_to_all,
-        functional_broadcast=_functional_broadcast,
-    )
 
 
 class _NeedsPeers(Exception):
@@ -177,9 +152,6 @@ _REFUSALS: dict[str, list[str]] = {
     "*": [
         r"Cannot use ReduceOp\.\w+ with non-integral dtype",
         r"\w+ does not support (RedOpType\.\w+ )?on complex tensors",
-        r"\w+: reduce_op \w+ does not support complex tensors",  # the functional collectives' words
-        # the functional collectives address a group by its name, which a Python process group lacks
-        r"ProcessGroup name not set",
         r"Backend \w+ does not support \w+",
         r"No backend type associated with device type \w+",
         r"monitored_barrier is only implemented for GLOO backend\.",
