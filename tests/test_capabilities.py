@@ -361,6 +361,10 @@ def test_one_rank_is_a_world_size(pytester: pytest.Pytester) -> None:
     assert skips and all("N/A: gloo supports no" in line for line in skips), skips
 
 
+@pytest.mark.skipif(
+    torch_below(2, 13),
+    reason=f"gloo on torch {torch.__version__} crashes now and then (a SIGSEGV, README): checked on 2.13",
+)
 def test_the_node_report_holds_the_capability_matrix(pytester: pytest.Pytester) -> None:
     copy_conformance(pytester.path, ("test_operations.py",))
     result = pytester.runpytest(
