@@ -176,13 +176,14 @@ def _full(
         return _any_bits(size, dtype, gen)
     info = torch.finfo(dtype)
     digits = 1 - int(math.log2(info.eps))  # mantissa bits, the implicit one included
-    top, bottom = int(math.log2(info.max)), int(math.log2(info.tiny))
+    # the exponents of the largest finite value and of the smallest normal one (log2 of the largest rounds up)
+    top, bottom = math.frexp(info.max)[1] - 1, math.frexp(info.tiny)[1] - 1
     sign = _random_sign(size, gen).to(torch.float64)
     if op == "product":
         # any subset of the members' exponents sums within [bottom, top]: every partial product is exact
         lo, hi = -(-bottom // members), top // members
         exponents = torch.randint(lo, hi + 1, size, generator=gen, dtype=torch.float64)
-        return (sign * torch.pow(2.0, exponents)).to(dtype)
+        return (sign * torch.exp2(exponents)).to(dtype)
     # members * |k| < 2**digits (2**(digits-1) under PREMUL_SUM's factor 2): any partial sum is exact
     limit = (2**digits - 1) // members // (2 if op == "premul_sum" else 1)
     step = members if op == "avg" else 1  # x / n is exact too, for a backend that scales first
