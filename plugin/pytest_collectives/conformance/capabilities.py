@@ -156,11 +156,11 @@ _REFUSALS: dict[str, list[str]] = {
         r"No backend type associated with device type \w+",
         r"monitored_barrier is only implemented for GLOO backend\.",
     ],
-    # gloo's AVG divides in place: of an integer tensor, torch refuses the cast back
     "gloo": [
         r"Invalid scalar type",
         r"Cannot use ReduceOp\.\w+ with Gloo",  # PREMUL_SUM; AVG too before torch 2.3
         r"ProcessGroupGloo does not support \w+",  # reduce_scatter before torch 2.3
+        # gloo's AVG divides in place: of an integer tensor, torch refuses the cast back
         r"result type Float can't be cast to the desired output type \w+",
     ],
     # ProcessGroupNCCL's words, from torch's source (not yet seen on a GPU by this project)
