@@ -27,6 +27,7 @@ from pytest_collectives.execution.spmd import (
     first_difference,
     first_host,
     group_sizes_needed,
+    lockstep_settings,
     settings_for,
     tasks_per_node,
 )
@@ -49,6 +50,16 @@ SLURM = {
     "SLURM_JOB_NODELIST": "gpu[07-08]",
     "SLURM_JOB_ID": "123456",
 }
+
+
+def test_every_rank_s_engine_decides_without_a_clock() -> None:
+    from hypothesis import Phase, settings
+
+    locked = lockstep_settings(settings(deadline=1000, report_multiple_bugs=True))
+    assert locked.derandomize and locked.database is None and locked.deadline is None
+    # hunting for a second bug stops ten seconds after the first by each rank's own clock
+    assert not locked.report_multiple_bugs
+    assert Phase.explain not in locked.phases and Phase.shrink in locked.phases
 
 
 def test_torchrun_variables() -> None:
