@@ -3,11 +3,14 @@ never pass silently, never lose data."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from pytest_collectives.topology.machine import Fingerprint, detect, topology_id
 
 # The benchmarked op is dominated by a fixed sleep, and the gate is asked for a 50% effect, so that a busy CI
 # machine can't fake a regression (a rerun's median moves by 5-10% there); PLANTED_DELAY_S, read by the
@@ -90,6 +93,19 @@ def test_three_runs_arm_the_gate_which_catches_a_planted_slowdown(pytester, benc
     assert bench["verdict"] == "regression" and bench["ratio"] > 2 and bench["remeasured"] > 2
     assert "**regression**" in (pytester.path / "gate" / "gate.md").read_text()
 
+    # Saving under the gate: judged first, and a failing run is not recorded as the machine's norm.
+    before = path.read_text()
+    guarded = run(pytester, "--baseline-save", "--fail-on-regression")
+    assert guarded.ret == pytest.ExitCode.TESTS_FAILED
+    guarded.stdout.fnmatch_lines(
+        [
+            "*FAILED: 1 confirmed regression(s) (--fail-on-regression)*",
+            "not saved as a baseline run: the gate failed it (--fail-on-regression); a baseline records a "
+            "machine known to be good",
+        ]
+    )
+    assert path.read_text() == before
+
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary.md"))
     report_only = run(pytester)
     assert report_only.ret == 0
@@ -123,6 +139,52 @@ def test_no_baseline_fails_the_gate_unless_a_first_run_is_allowed(pytester, benc
     allowed.stdout.fnmatch_lines(
         ["no baseline for this topology (cpu-*) under *: nothing judged; record one*"]
     )
+
+
+def recorded_as(baseline: Path, **changes: object) -> str:
+    """Move ``baseline`` to where a machine with ``changes`` to this one's fingerprint records it."""
+    doc = json.loads(baseline.read_text())
+    fp = dataclasses.replace(Fingerprint.from_json(doc["fingerprint"]), **changes)
+    doc["fingerprint"], doc["topology_id"] = fp.to_json(), topology_id(fp)
+    target = baseline.parent.parent / doc["topology_id"] / baseline.name
+    target.parent.mkdir()
+    target.write_text(json.dumps(doc))
+    baseline.unlink()
+    baseline.parent.rmdir()
+    return doc["topology_id"]
+
+
+def test_a_node_that_lost_hardware_fails_and_another_cpu_model_is_told_how_to_compare(
+    pytester, bench_dir
+) -> None:
+    run(pytester, "--baseline-save").assert_outcomes(passed=1)
+    cores = detect("gloo").logical_cores
+    bigger = recorded_as(only_baseline(bench_dir), logical_cores=cores + 2)
+    degraded = run(pytester, "--fail-on-regression", "--allow-missing-baseline")
+    assert degraded.ret == pytest.ExitCode.TESTS_FAILED
+    degraded.stdout.fnmatch_lines(
+        [
+            f"baseline error: no baseline for this topology (cpu-*) under *; the nearest recorded topology, "
+            f"{bigger}, differs: CPUs {cores + 2} -> {cores}, so this node looks degraded*"
+        ]
+    )
+    other = recorded_as(only_baseline(bench_dir), logical_cores=cores, cpu_model="Another CPU")
+    elsewhere = run(pytester, "--fail-on-regression", "--allow-missing-baseline")
+    assert elsewhere.ret == 0, elsewhere.stdout.str()
+    elsewhere.stdout.fnmatch_lines(
+        [f"*differs: CPU model 'Another CPU' -> *, none of which can be a fault: judge against it with "
+         f"`--baseline {other}`: nothing judged*"]
+    )  # fmt: skip
+
+
+def test_a_run_with_failed_tests_is_never_saved(pytester, bench_dir) -> None:
+    pytester.makepyfile(test_broken="def test_broken():\n    assert False\n")
+    result = run(pytester, "--baseline-save")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["not saved as a baseline run: 1 test(s) failed; a baseline records a machine known to be good"]
+    )
+    assert not list(bench_dir.glob("*/*.json"))
 
 
 def test_an_unreadable_baseline_is_never_replaced_without_the_flag(pytester, bench_dir) -> None:

@@ -1,6 +1,7 @@
 """The gate's rule on synthetic sessions: the model's own rates (the real-session figures come from
 tests/bench_gate_sessions.py), the machine factor, family-wise control, detectability, confirmation."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -18,9 +19,15 @@ from pytest_collectives.gate.statistics import (
     PRIOR_DF,
     REGRESSION,
     UNCHANGED,
+    BenchVerdict,
+    FamilyVerdict,
+    GateResult,
+    MachineVerdict,
     confirm,
     family,
     judge,
+    reconfirmed,
+    resting_on,
     t_quantile,
 )
 
@@ -296,3 +303,27 @@ def test_a_family_the_oldest_run_lacks_leaves_the_others_judged(recwarn):
     assert "test_pair[*]" in [f.name for f in result.slow_families]
     assert "test_new[*]" in [f.name for f in result.families]  # from the 4 runs that have it
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def _verdict(name: str, verdict: str = UNCHANGED) -> BenchVerdict:
+    return BenchVerdict(name, 1.0, 1.0, 1.0, 1.0, 0.01, 0.05, 3, verdict)
+
+
+def test_family_and_machine_verdicts_stand_only_when_measured_again() -> None:
+    names = [f"test_p2p.py::test_copy[{size}]" for size in ("4KiB", "1MiB", "64MiB")]
+    names += [f"test_c.py::test_all_reduce[{size}]" for size in ("4KiB", "1MiB", "64MiB")]
+    rows = [_verdict(n) for n in names] + [_verdict("test_c.py::test_barrier", REGRESSION)]
+    slow = FamilyVerdict("test_p2p.py::test_copy[*]", 3, 1.4, 0.02, REGRESSION)
+    machine = MachineVerdict(1.5, 0.02, 7, 0.1, 2, True, MACHINE_SLOWDOWN)
+    first = GateResult(rows, None, [], [], 0.1, families=[slow])
+    # the flagged benchmark and the slow family's members, not the rest
+    assert resting_on(first) == [*names[:3], "test_c.py::test_barrier"]
+    assert len(resting_on(GateResult(rows, machine, [], [], 0.1))) == len(rows)  # machine-wide: all
+
+    both = GateResult(rows, machine, [], [], 0.1, families=[slow])
+    calm = GateResult(rows, dataclasses.replace(machine, factor=1.01, verdict=UNCHANGED), [], [], 0.1,
+                      families=[dataclasses.replace(slow, verdict=UNCHANGED)])  # fmt: skip
+    kept = reconfirmed(both, calm)
+    assert not kept.slow_families and kept.machine.verdict == UNCHANGED
+    assert kept.machine.factor == 1.5  # the first measurement is what the report shows
+    assert reconfirmed(both, both) == both

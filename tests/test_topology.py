@@ -9,6 +9,7 @@ import pytest
 from helpers import cpu_fingerprint
 
 from pytest_collectives.topology import machine as topology
+from pytest_collectives.topology.compare import described, differences, looks_degraded, nearest
 from pytest_collectives.topology.machine import (
     Fingerprint,
     FingerprintError,
@@ -482,3 +483,35 @@ def test_nvml_source_is_skipped_when_pynvml_is_missing(monkeypatch):
 def test_smi_source_is_skipped_without_the_command(monkeypatch):
     monkeypatch.setattr(topology.shutil, "which", lambda name: None)
     assert topology._detect_smi([0]) is None
+
+
+def test_a_node_that_lost_hardware_looks_degraded() -> None:
+    fewer_cpus = differences(gpu_fp(), gpu_fp(logical_cores=48))
+    assert described(fewer_cpus) == "CPUs 64 -> 48" and looks_degraded(fewer_cpus)
+    links = [list(row) for row in rtx_links()]
+    links[2][3] = links[3][2] = "SYS"  # the NVLink between GPUs 2 and 3 went down
+    lost_link = differences(gpu_fp(), gpu_fp(links=tuple(map(tuple, links))))
+    assert described(lost_link) == "GPU 2 - GPU 3: NV4 -> SYS" and looks_degraded(lost_link)
+    narrower = gpu_fp(gpus=(dataclasses.replace(gpu_fp().gpus[0], pcie_width_max=8), *gpu_fp().gpus[1:]))
+    assert described(differences(gpu_fp(), narrower)) == "GPU 0: PCIe width x16 -> PCIe width x8"
+    seven = gpu_fp(gpus=gpu_fp().gpus[:7], links=tuple(row[:7] for row in rtx_links()[:7]))
+    assert described(differences(gpu_fp(), seven)) == "GPUs 8 -> 7" and looks_degraded(
+        differences(gpu_fp(), seven)
+    )
+    # more of something, or something faster, is not a loss
+    assert not looks_degraded(differences(gpu_fp(logical_cores=48), gpu_fp()))
+
+
+def test_another_model_is_another_machine_and_the_nearest_is_named() -> None:
+    other_cpu = gpu_fp(cpu_model="Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", logical_cores=32)
+    found = differences(gpu_fp(), other_cpu)
+    assert [d.text for d in found] == [
+        "CPU model 'AMD EPYC 7302 16-Core Processor' -> 'Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz'",
+        "CPUs 64 -> 32",
+    ]
+    assert not looks_degraded(found)  # fewer cores of another CPU: another machine, not a broken one
+    near = nearest(
+        [gpu_fp(logical_cores=96, sockets=4), gpu_fp(logical_cores=96), gpu_fp(backend="gloo")], gpu_fp()
+    )
+    assert near is not None and near.topology_id == topology_id(gpu_fp(logical_cores=96))
+    assert nearest([gpu_fp(backend="gloo"), gpu_fp()], gpu_fp()) is None  # another backend, or this machine

@@ -9,6 +9,7 @@ set the exit status.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -28,6 +29,8 @@ from pytest_collectives.gate.statistics import (
     GateResult,
     confirm,
     judge,
+    reconfirmed,
+    resting_on,
 )
 from pytest_collectives.gate.store import (
     DEFAULT_NAME,
@@ -38,11 +41,13 @@ from pytest_collectives.gate.store import (
     check_saveable,
     judged_statistic,
     load_baseline,
+    recorded_fingerprints,
     resolve_baseline,
     save_baseline,
     sittings,
 )
 from pytest_collectives.newhooks import merged_answers
+from pytest_collectives.topology.compare import described, looks_degraded, nearest
 from pytest_collectives.topology.machine import Fingerprint, TopologyError, detect, topology_id
 
 SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list them all
@@ -195,7 +200,7 @@ class BaselineGate:
         )
         if opt("baseline_save"):
             check_saveable(self.root, fingerprint, opt("baseline_overwrite"), self.name)
-        else:
+        if self._judging_first():
             self.resolved = resolve_baseline(self.root, fingerprint, opt("baseline"), self.name)
 
     @pytest.hookimpl(tryfirst=True)
@@ -229,12 +234,17 @@ class BaselineGate:
             self.failed = True
         if self.failed:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if self.lines and not self.config.getoption("baseline_save"):
+        if self.lines and self._judging_first():
             self._write_reports()
 
-    def _judging(self) -> bool:
+    def _judging_first(self) -> bool:
+        """Whether this run is judged: always, but for a --baseline-save without --fail-on-regression
+        (recording a machine known to be good); with both, a run is saved only if it passes."""
         opt = self.config.getoption
-        return bool(opt("fail_on_regression")) and not opt("baseline_save") and self.min_judged > 0
+        return bool(opt("fail_on_regression")) or not opt("baseline_save")
+
+    def _judging(self) -> bool:
+        return bool(self.config.getoption("fail_on_regression")) and self.min_judged > 0
 
     def _why_no_results(self) -> str:
         opt = self.config.getoption
@@ -269,32 +279,49 @@ class BaselineGate:
     def _gate(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
         if not self.looked_up:
             self._resolve()
+        if self._judging_first():
+            self._judge(session, results)
+        if self.config.getoption("baseline_save"):
+            self._save(session, results)
+
+    def _save(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
+        """Add this run to the baseline, unless something says the machine was not good while it ran."""
+        opt = self.config.getoption
+        why_not = (
+            f"{session.testsfailed} test(s) failed"
+            if session.testsfailed
+            else "the gate failed it (--fail-on-regression)"
+            if self.failed or self.error
+            else None
+        )
+        if why_not:
+            self.lines.append(
+                f"not saved as a baseline run: {why_not}; a baseline records a machine known to be good"
+            )
+            return
+        path, runs = save_baseline(
+            self.root, self.fingerprint, results, opt("baseline_overwrite"), self.name, self.keep
+        )
+        more = MIN_RUNS - runs
+        armed = f"; the gate judges from {MIN_RUNS}: record {more} more" if more > 0 else ""
+        self.lines.append(
+            f"saved {len(results)} benchmark(s) as a run of the baseline of {topology_id(self.machine())}: "
+            f"{path} ({runs} run(s) kept of {self.keep}{armed})"
+        )
+        if runs > 1 and len(set(sittings(load_baseline(path).runs))) == 1:
+            self.lines.append(
+                f"warning: the baseline's {runs} runs come from one sitting (one boot, within an hour), "
+                "so the gate cannot learn how far this machine drifts between sessions and keeps the "
+                f"{DEFAULT_TOLERANCE:.0%} default machine-wide tolerance; add runs from other sessions "
+                "or machines of this type"
+            )
+
+    def _judge(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
         current = topology_id(self.machine())
         opt = self.config.getoption
-        if opt("baseline_save"):
-            path, runs = save_baseline(
-                self.root, self.fingerprint, results, opt("baseline_overwrite"), self.name, self.keep
-            )
-            armed = (
-                ""
-                if runs >= MIN_RUNS
-                else f"; the gate judges from {MIN_RUNS}: record {MIN_RUNS - runs} more"
-            )
-            self.lines.append(
-                f"saved {len(results)} benchmark(s) as a run of the baseline of {current}: {path} "
-                f"({runs} run(s) kept of {self.keep}{armed})"
-            )
-            if runs > 1 and len(set(sittings(load_baseline(path).runs))) == 1:
-                self.lines.append(
-                    f"warning: the baseline's {runs} runs come from one sitting (one boot, within an hour), "
-                    "so the gate cannot learn how far this machine drifts between sessions and keeps the "
-                    f"{DEFAULT_TOLERANCE:.0%} default machine-wide tolerance; add runs from other sessions "
-                    "or machines of this type"
-                )
-            return
         if self.resolved is None:
             named = "" if self.name == DEFAULT_NAME else f", {self.name}.json"
-            self._unarmed(f"no baseline for this topology ({current}{named}) under {self.root}")
+            self._no_baseline(f"no baseline for this topology ({current}{named}) under {self.root}")
             return
         base = self.resolved.baseline
         self.baseline_path = base.path
@@ -315,9 +342,8 @@ class BaselineGate:
                 "kept; the gate judges the fastest once every run it keeps has it)"
             )
         )
+        result = self.result = self._measure_again(session, result, runs, now, sittings(base.runs))
         self._say_machine(result)
-        if result.flagged:
-            self._measure_again(session, result)
         self._say_lists(result)
         regressions = result.flagged
         machine_wide = result.machine is not None and result.machine.verdict == MACHINE_SLOWDOWN
@@ -346,12 +372,34 @@ class BaselineGate:
         elif verdicts:
             self.lines.append(f"{' and '.join(verdicts)}; report mode: add --fail-on-regression to gate")
 
+    def _no_baseline(self, why: str) -> None:
+        """No baseline of this topology: what the nearest recorded machine says of this one. A node that
+        lost hardware gets a new topology id, and must not pass as a machine never seen."""
+        near = nearest(recorded_fingerprints(self.root, self.name), self.machine())
+        if near is None:
+            self._unarmed(why)
+            return
+        what = f"the nearest recorded topology, {near.topology_id}, differs: {described(near.differences)}"
+        if looks_degraded(near.differences):
+            degraded = (
+                f"{why}; {what}, so this node looks degraded (lost hardware fails whatever "
+                "--allow-missing-baseline says); repair it, or, if the change is meant, record its baseline "
+                "with --baseline-save"
+            )
+            if self.config.getoption("fail_on_regression"):
+                self.error = f"baseline error: {degraded}"
+            else:
+                self.lines.append(f"DEGRADED? {degraded}")
+            return
+        if not any(d.lost for d in near.differences):
+            what += f", none of which can be a fault: judge against it with `--baseline {near.topology_id}`"
+        self._unarmed(f"{why}; {what}")
+
     def _unarmed(self, why: str) -> None:
         """No verdict is possible: under --fail-on-regression that is an error, unless opted out."""
-        record = (
-            f"`pytest <same arguments> --baseline-save` ({MIN_RUNS} times, on a machine known to be good)"
-        )
         opt = self.config.getoption
+        same = "<same arguments>" if not opt("baseline_save") else "<same arguments, no --fail-on-regression>"
+        record = f"`pytest {same} --baseline-save` ({MIN_RUNS} times, on a machine known to be good)"
         if opt("fail_on_regression") and not opt("allow_missing_baseline"):
             self.error = (
                 f"baseline error: {why}, so nothing can be judged; record one with {record}, "
@@ -415,31 +463,58 @@ class BaselineGate:
         if result.new:
             self.lines.append(f"{len(result.new)} benchmark(s) have no baseline yet: {_names(result.new)}")
 
-    def _measure_again(self, session: pytest.Session, result: GateResult) -> None:
-        """Run each flagged benchmark once more; only a regression seen twice stands."""
+    def _measure_again(
+        self,
+        session: pytest.Session,
+        result: GateResult,
+        runs: list[dict[str, float]],
+        now: dict[str, float],
+        labels: list[int],
+    ) -> GateResult:
+        """Run what each failing verdict rests on once more; only a verdict seen twice stands (a flagged
+        benchmark by confirm, a family or machine-wide slowdown by judging the second measurements)."""
         from _pytest.runner import runtestprotocol
 
-        flagged = result.flagged
+        names = resting_on(result)
+        if not names:
+            return result
         if not self.can_remeasure:
             self.lines.append(
-                f"{len(flagged)} flagged benchmark(s) not measured again: under torchrun/srun every rank "
-                "would have to rerun them; the first measurement stands"
+                f"{len(names)} benchmark(s) behind a failing verdict not measured again: under torchrun/srun "
+                "every rank would have to rerun them; the first measurement stands"
             )
-            return
+            return result
         recorded = benchmark_shim.session_results(self.config)
         items = {item.nodeid: item for item in session.items}
-        for row in flagged:
-            item, before = items.get(row.name), len(recorded)
+        second: dict[str, float] = {}
+        for name in names:
+            item, before = items.get(name), len(recorded)
             if item is not None:
                 runtestprotocol(item, nextitem=None, log=False)
-            again = [b for b in recorded[before:] if b.fullname == row.name and b.stats.data]
+            again = [b for b in recorded[before:] if b.fullname == name and b.stats.data]
             del recorded[before:]  # pytest-benchmark's table and JSON keep the first measurement
-            if not again:
+            if again:
+                second[name] = getattr(BenchmarkEntry.from_samples(again[-1].stats.data), self.statistic)
+        flagged = result.flagged
+        rows = list(result.rows)
+        for row in flagged:
+            if row.name not in second:
                 self.lines.append(f"{row.name}: could not be measured again; the first measurement stands")
                 continue
-            time = getattr(BenchmarkEntry.from_samples(again[-1].stats.data), self.statistic)
-            confirmed = confirm(row, time, result.factor, len(flagged), result.threshold)
-            result.rows[result.rows.index(row)] = confirmed
+            confirmed = confirm(row, second[row.name], result.factor, len(flagged), result.threshold)
+            rows[rows.index(row)] = confirmed
+        result = dataclasses.replace(result, rows=rows)
+        if len(names) == len(flagged):
+            return result
+        kept = reconfirmed(result, judge(runs, {**now, **second}, self.min_effect, self.tolerance, labels))
+        gone = [f"family {f.name}" for f in result.slow_families if f not in kept.slow_families]
+        if kept.machine != result.machine:
+            gone.append(f"a machine-wide slowdown ({result.machine.factor:.2f}x)")  # type: ignore[union-attr]
+        if gone:
+            self.lines.append(
+                f"not seen again when measured a second time, so not a verdict: {', '.join(gone)}"
+            )
+        return kept
 
     def _write_reports(self) -> None:
         text = gate_report.markdown(self.result, self.lines, self.failed)

@@ -409,13 +409,18 @@ def _judge_all(
     return rows, _machine(factor, run_factor, sittings, len(names), tolerance), families
 
 
+def families_of(name: str) -> tuple[str, str]:
+    """The families a benchmark belongs to: its op over sizes (`family`) and its test function over all
+    its parameters (the pair matrix, the host copies)."""
+    return family(name), name.split("[", 1)[0] + "[*]"
+
+
 def _groups(names: list[str]) -> dict[str, np.ndarray]:
-    """The families a slowdown may move together: one op over sizes (`family`) and one test function over
-    all its parameters (the pair matrix, the host copies), of MIN_FAMILY or more benchmarks each."""
+    """The families a slowdown may move together (families_of), of MIN_FAMILY or more benchmarks each."""
     groups: dict[str, list[int]] = {}
     for i, name in enumerate(names):
-        groups.setdefault(family(name), []).append(i)
-        groups.setdefault(name.split("[", 1)[0] + "[*]", []).append(i)
+        for label in families_of(name):
+            groups.setdefault(label, []).append(i)
     seen, out = set(), {}
     for label, members in sorted(groups.items()):
         if (
@@ -526,3 +531,31 @@ def confirm(row: BenchVerdict, median: float, factor: float, flagged: int, thres
     critical = t_quantile(1 - ALPHA / max(flagged, 1), row.df)
     holds = effect / row.error > critical and effect >= math.log1p(threshold / 2)
     return dataclasses.replace(row, remeasured=math.exp(effect), verdict=REGRESSION if holds else UNCHANGED)
+
+
+def resting_on(result: GateResult) -> list[str]:
+    """The benchmarks this result's failing verdicts rest on, to be measured again: the flagged ones, the
+    members of each slow family, and for a machine-wide slowdown every benchmark judged."""
+    slow = {f.name for f in result.slow_families}
+    machine_wide = result.machine is not None and result.machine.verdict == MACHINE_SLOWDOWN
+    return [
+        r.name
+        for r in result.judged
+        if r.verdict == REGRESSION or machine_wide or slow & set(families_of(r.name))
+    ]
+
+
+def reconfirmed(first: GateResult, again: GateResult) -> GateResult:
+    """``first`` with its family and machine-wide verdicts kept only where ``again`` (the same run judged
+    with its second measurements) gives them too: as for one benchmark, a slowdown seen once is noise."""
+    still = {f.name for f in again.slow_families}
+    families = [
+        f if f.verdict != REGRESSION or f.name in still else dataclasses.replace(f, verdict=UNCHANGED)
+        for f in first.families
+    ]
+    machine = first.machine
+    if machine is not None and machine.verdict == MACHINE_SLOWDOWN and (
+        again.machine is None or again.machine.verdict != MACHINE_SLOWDOWN
+    ):
+        machine = dataclasses.replace(machine, verdict=UNCHANGED)
+    return dataclasses.replace(first, families=families, machine=machine)

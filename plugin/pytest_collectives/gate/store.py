@@ -400,6 +400,18 @@ def find_baseline(
     return path if path.is_file() else None
 
 
+def recorded_fingerprints(root: str | os.PathLike[str], name: str = DEFAULT_NAME) -> list[Fingerprint]:
+    """The machines recorded under ``root`` with a baseline called ``name``; one that can't be read is
+    left out here (it is named when it is this machine's, or asked for)."""
+    found = []
+    for path in sorted(Path(root).glob(f"*/{name}.json")):
+        try:
+            found.append(load_baseline(path).fingerprint)
+        except BaselineError:
+            continue
+    return found
+
+
 def _known_ids(root: Path) -> str:
     ids = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     return ", ".join(ids) or "none"

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_collectives.topology.machine import UNKNOWN_LINK, normalize_link
+from pytest_collectives.topology.machine import UNKNOWN_LINK, link_rank, normalize_link
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 STATUSES = (PASS, WARN, FAIL)  # best first
@@ -140,13 +140,6 @@ def expected_gbps(link: str, bidirectional: bool) -> float | None:
     return EXPECTED_GBPS[link][key] if link in EXPECTED_GBPS else None
 
 
-def _link_rank(link: str) -> tuple[int, int]:
-    nv = _NV_LINK.fullmatch(link)
-    if nv:
-        return (0, -int(nv.group(1)))
-    return (1, _PCIE_ORDER.index(link)) if link in _PCIE_ORDER else (2, 0)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Input
 
@@ -164,7 +157,7 @@ class _Node:
     def link_classes(self) -> list[str]:
         """The classes present between distinct GPUs, fastest first; "unknown" is last if present."""
         found = {c for i, row in enumerate(self.classes) for j, c in enumerate(row) if i != j}
-        return sorted(found, key=_link_rank)
+        return sorted(found, key=link_rank)
 
     def pairs(self, link: str, exclude: Collection[int] = ()) -> list[tuple[int, int]]:
         """Unordered pairs (i < j) of class `link`, leaving out those touching a device in `exclude`."""
@@ -735,7 +728,7 @@ def explain_pairs(
     for k in range(node.n):
         if k != src:
             by_link.setdefault(node.classes[src][k], []).append(k)
-    order = sorted(by_link, key=_link_rank)
+    order = sorted(by_link, key=link_rank)
     lines = [
         f"Copies from {source} take different times because each peer is reached over a different kind "
         f"of link (its class in `nvidia-smi topo -m`), and a copy runs no faster than the slowest link it "

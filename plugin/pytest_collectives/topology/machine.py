@@ -329,7 +329,8 @@ def _gpu_slug(names: Sequence[str]) -> str:
     return _slug(" ".join(words), limit=24)
 
 
-def _link_rank(link: str) -> tuple[int, int]:
+def link_rank(link: str) -> tuple[int, int]:
+    """A link's place in speed order, fastest first: NVLink by its link count, then the PCIe paths."""
     nv = _NV_LINK.fullmatch(link)
     if nv:
         return (0, -int(nv.group(1)))
@@ -359,7 +360,7 @@ def topology_id(fp: Fingerprint) -> str:
     if not fp.gpus:
         return f"cpu-{fp.logical_cores}c-{_cpu_slug(fp.cpu_model)}-{digest}"
     classes = sorted(
-        {c for i, row in enumerate(fp.links) for j, c in enumerate(row) if i != j}, key=_link_rank
+        {c for i, row in enumerate(fp.links) for j, c in enumerate(row) if i != j}, key=link_rank
     )
     parts = ["gpu", f"{len(fp.gpus)}x", _gpu_slug([g.name for g in fp.gpus]), *(c.lower() for c in classes)]
     return "-".join([*parts, digest])

@@ -1,0 +1,72 @@
+"""``{collectives-options}``: the options reference, read from the plugin's own ``pytest_addoption``.
+
+The hook is called with a recorder in place of pytest's parser, so the page lists exactly what the plugin
+registers (flags, ini names, help texts and defaults) and can't drift from it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.application import Sphinx
+from sphinx.util.docutils import SphinxDirective
+
+
+class _Recorder:
+    """Takes what ``pytest_addoption`` gives a ``pytest.Parser`` and its option group."""
+
+    def __init__(self) -> None:
+        self.options: list[tuple[str, dict[str, Any]]] = []
+        self.ini: dict[str, str] = {}
+
+    def getgroup(self, name: str, description: str = "") -> _Recorder:
+        return self
+
+    def addoption(self, *flags: str, **kwargs: Any) -> None:
+        self.options.append((", ".join(flags), kwargs))
+
+    def addini(self, name: str, help: str, **kwargs: Any) -> None:
+        self.ini[name] = help
+
+
+def recorded() -> _Recorder:
+    from pytest_collectives import hooks
+
+    recorder = _Recorder()
+    hooks.pytest_addoption(recorder)  # type: ignore[arg-type]
+    return recorder
+
+
+def _text(help_text: str) -> str:
+    return help_text.replace("%%", "%")  # argparse's escape
+
+
+class OptionsReference(SphinxDirective):
+    """A table of every command-line option and, below it, the ini names that have no flag."""
+
+    def run(self) -> list[nodes.Node]:
+        recorder = recorded()
+        # a list-table, not a pipe table: a metavar such as PATH|ID holds a pipe
+        lines = ["```{list-table}", ":header-rows: 1", "", "* - option", "  - ini", "  - meaning"]
+        flagged = set()
+        for flags, kwargs in recorder.options:
+            help_text = kwargs.get("help", "")
+            ini = next((name for name in recorder.ini if help_text.endswith(f"; ini: {name}")), "")
+            flagged.add(ini)
+            metavar = kwargs.get("metavar") or ("" if kwargs.get("action") else "VALUE")
+            lines += [
+                f"* - `{flags} {metavar}`" if metavar else f"* - `{flags}`",
+                f"  - `{ini}`" if ini else "  -",
+                f"  - {_text(help_text.removesuffix(f'; ini: {ini}'))}",
+            ]
+        lines += ["```", "", "Ini names with no command-line flag:", ""]
+        lines += [f"- `{name}`: {_text(text)}" for name, text in recorder.ini.items() if name not in flagged]
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines, source="options_reference"), self.content_offset, container)
+        return container.children
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_directive("collectives-options", OptionsReference)
+    return {"parallel_read_safe": True}
