@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
 project = "pytest-collectives"
-extensions = ["myst_parser", "sphinx.ext.autodoc", "options_reference"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "plugin_reference"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
 myst_heading_anchors = 3  # [text](page.md#a-heading) links resolve, and a broken one is a warning

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_collectives.execution import devices, options
+from pytest_collectives import devices
+from pytest_collectives.execution import options
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch, "accelerator"), reason=f"torch {torch.__version__} has no torch.accelerator (2.6 has)"

@@ -130,3 +130,16 @@ def test_full_values_catch_what_small_ones_pass(bug, dtype, small_passes):
     small = [rank_input(3, r, 512, dtype) for r in range(8)]
     if small_passes:  # what the suite passed before its inputs reached the bug
         assert_reduced_close(bug(small), small, "sum")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_a_result_that_is_another_ops_reduction_says_which(dtype):
+    # a registered all_reduce that compared op == "max" (op is a ReduceOp) and so summed every MAX
+    xs = [torch.tensor([1, 5, -2], dtype=dtype), torch.tensor([3, 2, 7], dtype=dtype)]
+    summed = xs[0] + xs[1]
+    hint = r"it is the SUM: was op=ReduceOp.MAX \(a torch.distributed.ReduceOp, not a string\) taken for SUM"
+    with pytest.raises(AssertionError, match=hint):
+        assert_reduced_close(summed, xs, "max")
+    with pytest.raises(AssertionError, match=r"max over 2 ranks") as failed:
+        assert_reduced_close(summed + 100, xs, "max")  # no op's result: no hint
+    assert "it is the" not in str(failed.value)

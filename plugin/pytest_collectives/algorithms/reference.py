@@ -294,7 +294,8 @@ def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str, valu
     Exact cases (integers, bools, MIN, MAX, exactly reducible floats: ``Values.exact``) must match bit for
     bit after casting the reference to the dtype; other floating SUM, AVG and PRODUCT must lie within
     ``error_bound``. The message names the op, dtype and group size, how many elements fail, and the worst
-    one: its index, value, the exact value, the error and the bound. An AVG that is the SUM says so.
+    one: its index, value, the exact value, the error and the bound. A result that is another op's
+    reduction says which (an AVG that is the SUM; a MAX folded as a SUM by code comparing ``op`` to a string).
     """
     dtype, n = inputs[0].dtype, len(inputs)
     bound = None if values.exact(dtype, op, n) else error_bound(inputs, op)
@@ -302,17 +303,33 @@ def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str, valu
     try:
         _assert_within(actual, reduce_reference(inputs, op), bound, dtype, what)
     except AssertionError as exc:
-        if op == "avg" and n > 1 and _is_the_sum(actual, inputs):
-            raise AssertionError(f"{exc}; it is the SUM: AVG not divided by the group size ({n})") from None
-        raise
+        other = _reduced_by(actual, inputs, exclude=op) if n > 1 else None
+        if other is None:
+            raise
+        hint = (
+            f"AVG not divided by the group size ({n})"
+            if (op, other) == ("avg", "sum")
+            else f"was op=ReduceOp.{op.upper()} (a torch.distributed.ReduceOp, not a string) taken for "
+            f"{other.upper()}?"
+        )
+        raise AssertionError(f"{exc}; it is the {other.upper()}: {hint}") from None
 
 
-def _is_the_sum(actual: Tensor, inputs: Sequence[Tensor]) -> bool:
-    try:
-        _assert_within(actual, reduce_reference(inputs, "sum"), error_bound(inputs, "sum"), actual.dtype, "")
-    except AssertionError:
-        return False
-    return True
+_CONFUSED = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")  # what a wrong op is taken for
+
+
+def _reduced_by(actual: Tensor, inputs: Sequence[Tensor], exclude: str) -> str | None:
+    """The reduce op other than ``exclude`` whose reduction of ``inputs`` ``actual`` is, if any."""
+    for other in _CONFUSED:
+        if other == exclude or not defined(inputs[0].dtype, other):
+            continue
+        try:
+            expected, bound = reduce_reference(inputs, other), error_bound(inputs, other)
+            _assert_within(actual, expected, bound, actual.dtype, "")
+        except AssertionError:
+            continue
+        return other
+    return None
 
 
 def assert_gemm_sum_close(actual: Tensor, lhs: Sequence[Tensor], rhs: Sequence[Tensor]) -> None:

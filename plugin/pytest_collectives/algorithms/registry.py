@@ -38,6 +38,7 @@ __all__ = [
     "CONTRACTS",
     "ENTRY_POINTS",
     "Algorithm",
+    "Contract",
     "algorithm",
     "algorithms",
     "forget_session",
@@ -48,21 +49,50 @@ __all__ = [
 
 ENTRY_POINTS = "pytest_collectives.algorithms"
 
-# Ranks named in a contract (root) are group ranks.
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """How the suites call an implementation of one operation, and what it must do."""
+
+    call: str  # the signature, with each argument's type
+    must: str
+
+
+# Every call also gets ``group`` (a torch.distributed.ProcessGroup) and the variant's grid parameters by
+# name. Tensors are torch.Tensor on the rank's device; ``op`` is a torch.distributed.ReduceOp (compare it
+# with ``dist.ReduceOp.MAX``, never a string); a ``root`` is a group rank (int).
 CONTRACTS = {
-    "all_reduce": "fn(tensor, op, group, **params) -> tensor: tensor reduced over the group in place",
-    "reduce_scatter": "fn(output, input, op, group, **params) -> output: output holds this rank's block "
-    "(input viewed as group-size blocks) reduced over the group",
-    "gemm_reduce_scatter": "fn(a, b, group, **params) -> this rank's row block of the sum over ranks of "
-    "a @ b",
-    "all_gather": "fn(output, input, group, **params) -> output: output (group-size blocks of input's "
-    "size, read flat) holds group rank i's input in block i; input may be this rank's block of output",
-    "all_to_all": "fn(output, input, output_splits, input_splits, group, **params) -> output: block j of "
-    "input (input_splits[j] elements, or equal blocks where None) goes to group rank j, block i of "
-    "output comes from group rank i",
-    "broadcast": "fn(tensor, root, group, **params) -> tensor: every rank's tensor becomes root's, in place",
-    "reduce": "fn(tensor, root, op, group, **params) -> tensor: root's tensor reduced over the group in "
-    "place; other ranks' tensors unspecified",
+    "all_reduce": Contract(
+        "fn(tensor: Tensor, op: ReduceOp, group, **params) -> Tensor",
+        "reduce `tensor` over the group in place; return it",
+    ),
+    "reduce_scatter": Contract(
+        "fn(output: Tensor, input: Tensor, op: ReduceOp, group, **params) -> Tensor",
+        "put this rank's block of the reduced `input` (viewed as group-size blocks) in `output`, which may "
+        "be that block of `input`; return `output`",
+    ),
+    "gemm_reduce_scatter": Contract(
+        "fn(a: Tensor, b: Tensor, group, **params) -> Tensor",
+        "return this rank's row block of the sum over ranks of `a @ b`",
+    ),
+    "all_gather": Contract(
+        "fn(output: Tensor, input: Tensor, group, **params) -> Tensor",
+        "put group rank i's `input` in block i of `output` (group-size blocks of `input`'s size, read "
+        "flat); `input` may be this rank's block of `output`; return `output`",
+    ),
+    "all_to_all": Contract(
+        "fn(output: Tensor, input: Tensor, output_splits: list[int] | None, input_splits: list[int] | None, "
+        "group, **params) -> Tensor",
+        "send block j of `input` (`input_splits[j]` elements, equal blocks where None) to group rank j, and "
+        "put the block from group rank i in block i of `output`; return `output`",
+    ),
+    "broadcast": Contract(
+        "fn(tensor: Tensor, root: int, group, **params) -> Tensor",
+        "make every rank's `tensor` `root`'s, in place; return it",
+    ),
+    "reduce": Contract(
+        "fn(tensor: Tensor, root: int, op: ReduceOp, group, **params) -> Tensor",
+        "reduce into `root`'s `tensor` in place (other ranks' tensors unspecified); return it",
+    ),
 }
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -158,13 +188,13 @@ def forget_session() -> None:
         del _REGISTERED[name]
 
 
-_INSTALLED = {"pytest_collectives.algorithms.builtin"}
+_INSTALLED: set[str] = set()  # modules of installed packages that registered algorithms
 
 
 @functools.cache
 def _load_installed() -> None:
-    """The project's algorithms and those of installed packages (the entry-point group), once."""
-    importlib.import_module("pytest_collectives.algorithms.builtin")
+    """The algorithms of installed packages (the entry-point group), once: the project's own
+    (pytest_collectives.algorithms.builtin) come through the same door as a user's package."""
     for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
         _INSTALLED.add(entry.module)
         entry.load()

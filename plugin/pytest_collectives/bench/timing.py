@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pytest_collectives import devices
 from pytest_collectives.bench import shim as benchmark_shim
-from pytest_collectives.execution import devices
 
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pytest_collectives import devices
 from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
 from pytest_collectives.algorithms.reference import OPS, reduce_op
-from pytest_collectives.execution import devices
 
 __all__ = [
     "DATA_OPERATIONS",

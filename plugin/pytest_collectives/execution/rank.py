@@ -41,9 +41,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from pytest_collectives import devices
 from pytest_collectives.algorithms import registry
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
-from pytest_collectives.execution import devices
 from pytest_collectives.execution.examples import Tally, tallied
 from pytest_collectives.execution.messages import (
     FAILED,

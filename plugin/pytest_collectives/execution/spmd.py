@@ -25,7 +25,8 @@ from typing import IO, Any
 
 import pytest
 
-from pytest_collectives.execution import devices, options
+from pytest_collectives import devices
+from pytest_collectives.execution import options
 from pytest_collectives.execution.examples import settings_changed
 from pytest_collectives.execution.messages import FAILED, Task
 from pytest_collectives.execution.outcome import GroupOutcome, RankReport

@@ -1,7 +1,8 @@
-"""``{collectives-options}``: the options reference, read from the plugin's own ``pytest_addoption``.
+"""Reference tables read from the plugin itself, so the pages can't drift from it:
 
-The hook is called with a recorder in place of pytest's parser, so the page lists exactly what the plugin
-registers (flags, ini names, help texts and defaults) and can't drift from it."""
+- ``{collectives-options}``: the plugin's ``pytest_addoption``, called with a recorder in place of pytest's
+  parser (flags, ini names, help texts);
+- ``{collectives-contracts}``: ``registry.CONTRACTS``, how each algorithm operation is called."""
 
 from __future__ import annotations
 
@@ -67,6 +68,22 @@ class OptionsReference(SphinxDirective):
         return container.children
 
 
+class ContractsReference(SphinxDirective):
+    """A table of the operations a registered algorithm may implement: how it is called, what it must do."""
+
+    def run(self) -> list[nodes.Node]:
+        from pytest_collectives.algorithms.registry import CONTRACTS
+
+        lines = ["```{list-table}", ":header-rows: 1", "", "* - operation", "  - called as", "  - must"]
+        for operation, contract in CONTRACTS.items():
+            lines += [f"* - `{operation}`", f"  - `{contract.call}`", f"  - {contract.must}"]
+        lines.append("```")
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines, source="contracts"), self.content_offset, container)
+        return container.children
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("collectives-options", OptionsReference)
+    app.add_directive("collectives-contracts", ContractsReference)
     return {"parallel_read_safe": True}

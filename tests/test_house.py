@@ -1,0 +1,83 @@
+"""The package's shape: no module or subpackage imports one that imports it back (directly or around a
+loop), so each can be read, tested and changed from the bottom up."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest_collectives
+
+ROOT = Path(pytest_collectives.__file__).parent
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("pytest_collectives", *path.relative_to(ROOT).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imported_by(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules ``name`` imports anywhere in its file (in functions too, and by
+    ``importlib.import_module`` of a literal name): an import put off to call time is still a dependency."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            submodules = [f"{base}.{alias.name}" for alias in node.names]
+            found.update(m for m in submodules if m in known)
+            if any(m not in known for m in submodules):
+                found.add(base)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            found.add(node.args[0].value)
+    return {m for m in found if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imported_by(name, path, set(found)) for name, path in found.items()}
+
+
+def subpackage(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    try:
+        tuple(graphlib.TopologicalSorter(graph()).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"import cycle between modules: {' -> '.join(exc.args[1])}") from None
+
+
+def test_no_subpackage_imports_one_that_imports_it_back() -> None:
+    between: dict[str, set[str]] = {}
+    for name, imports in graph().items():
+        between.setdefault(subpackage(name), set()).update(
+            subpackage(m) for m in imports if subpackage(m) != subpackage(name)
+        )
+    try:
+        tuple(graphlib.TopologicalSorter(between).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"import cycle between subpackages: {' -> '.join(exc.args[1])}") from None
+
+
+def test_the_check_sees_a_cycle_put_off_to_call_time(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import importlib\ndef f():\n    importlib.import_module('p.b')\n")
+    b.write_text("from p import a\n")
+    known = {"p", "p.a", "p.b"}
+    assert imported_by("p.a", a, known) == {"p.b"} and imported_by("p.b", b, known) == {"p.a"}
