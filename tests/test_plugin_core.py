@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -577,9 +578,28 @@ def _session(
     return proc, pids
 
 
-def _alive(pids_file: str, timeout_s: float = 5.0) -> list[int]:
-    """Worker pids still alive, allowing the forkserver's exit a moment to reach them."""
-    pids = [int(line) for line in open(pids_file).read().split()]
+def _descendants(root: int) -> set[int]:
+    """Every process under ``root`` now (the forkserver, the ranks, whatever they started), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
+    """Those of ``pids`` still alive, allowing the forkserver's exit a moment to reach them."""
+    pids = list(pids)
     deadline = time.monotonic() + timeout_s
     while True:
         alive = [pid for pid in pids if _exists(pid)]
@@ -601,8 +621,8 @@ def _exists(pid: int) -> bool:
 @pytest.mark.parametrize(
     "args, env, stop, log",
     [
-        ((), {}, None, False),
-        (("-x",), {"FAIL": "1"}, None, False),
+        ((), {"SLEEP": "2"}, None, False),
+        (("-x",), {"FAIL": "1", "SLEEP": "2"}, None, False),
         ((), {"SLEEP": "60"}, signal.SIGINT, False),
         ((), {"SLEEP": "60"}, signal.SIGKILL, False),
         # With its output in a file, nothing breaks a pipe when pytest is killed: only the ranks' own
@@ -613,17 +633,21 @@ def _exists(pid: int) -> bool:
 )
 def test_no_worker_outlives_the_session(pytester: pytest.Pytester, args, env, stop, log) -> None:
     proc, pids = _session(pytester, "orphans", *args, log=log, **env)
+    deadline = time.monotonic() + 60
+    while not (os.path.exists(pids) and len(open(pids).read().split()) >= 2):
+        assert time.monotonic() < deadline and proc.poll() is None, "workers never started"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    # Every process the session started by now: the forkserver and its helpers as well as the ranks.
+    started = _descendants(proc.pid)
+    running = {int(pid) for pid in open(pids).read().split()}
+    assert running <= started and started - running, (started, running)  # the ranks, and the forkserver
     if stop is not None:
-        deadline = time.monotonic() + 60
-        while not (os.path.exists(pids) and len(open(pids).read().split()) >= 2):
-            assert time.monotonic() < deadline and proc.poll() is None, "workers never started"
-            time.sleep(0.1)
-        time.sleep(0.5)
         proc.send_signal(stop)
     out, _ = proc.communicate(timeout=120)
     out = out or (pytester.path / "orphans.log").read_text()
-    assert open(pids).read().split(), out
-    assert _alive(pids) == [], f"workers left behind:\n{out}"
+    ranks = {int(pid) for pid in open(pids).read().split()}  # the 3-rank group's too, started later
+    assert _alive(started | ranks) == [], f"processes left behind:\n{out}"
 
 
 def test_two_concurrent_sessions_do_not_collide(pytester: pytest.Pytester) -> None:

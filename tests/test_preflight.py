@@ -1,5 +1,6 @@
 """NVML preflight checks against a fake pynvml: a healthy node, one planted fault at a time, missing NVML."""
 
+import inspect
 import json
 import re
 import sys
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 
 import jsonschema
 import pytest
+from test_topology import FakeNvml as TopologyFakeNvml
 
 from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check
 from pytest_collectives.nodereport.preflight import FACTS_SCHEMA, preflight_checks, read_nvml, sample_throttle
@@ -76,7 +78,7 @@ class FakeNvml:
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
     NVML_FEATURE_DISABLED = 0
     NVML_FEATURE_ENABLED = 1
-    NVML_NVLINK_MAX_LINKS = 18
+    NVML_NVLINK_MAX_LINKS = 36  # nvidia-ml-py 13 (18 before NVLink 5)
     NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
@@ -537,10 +539,19 @@ def test_schema_rejects_malformed_facts(spoil):
         validate(facts)
 
 
-def test_fake_uses_only_real_pynvml_names():
-    pynvml = pytest.importorskip("pynvml")
-    fake = {n for n in dir(FakeNvml(hgx(n=1))) if n.startswith(("nvml", "NVML"))}
-    assert fake - set(dir(pynvml)) == set()
+@pytest.mark.parametrize("fake", [FakeNvml(hgx(n=1)), TopologyFakeNvml(["NVIDIA H100"] * 2, ())])
+def test_the_fakes_are_the_real_pynvml_s_api(fake):
+    """Each fake's NVML names exist in nvidia-ml-py (the test extra), its functions take as many arguments
+    and its constants have the same values: a fake that drifted would pass code the real module breaks."""
+    import pynvml
+
+    for name in (n for n in dir(fake) if n.startswith(("nvml", "NVML"))):
+        assert hasattr(pynvml, name), f"{name}: not in nvidia-ml-py {pynvml.__name__}"
+        mine, real = getattr(fake, name), getattr(pynvml, name)
+        if isinstance(mine, int):
+            assert mine == real, f"{name} = {mine}, nvidia-ml-py's is {real}"
+        elif callable(mine) and not isinstance(mine, type):
+            assert len(inspect.signature(mine).parameters) == len(inspect.signature(real).parameters), name
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -326,7 +326,7 @@ class FakeNvml:
     class NVMLError(Exception):
         pass
 
-    NVML_NVLINK_MAX_LINKS = 18
+    NVML_NVLINK_MAX_LINKS = 36  # nvidia-ml-py 13 (18 before NVLink 5)
     NVML_FEATURE_ENABLED = 1
 
     def __init__(self, names, links, switch_links=0):
