@@ -1,15 +1,18 @@
 """The package's shape: no module or subpackage imports one that imports it back (directly or around a
-loop), so each can be read, tested and changed from the bottom up."""
+loop), so each can be read, tested and changed from the bottom up; and every private name of pytest,
+pytest-benchmark, hypothesis or torch in use is listed, with why, on docs/private-apis.md."""
 
 from __future__ import annotations
 
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 import pytest_collectives
 
 ROOT = Path(pytest_collectives.__file__).parent
+PROJECT = Path(__file__).parent.parent
 
 
 def modules() -> dict[str, Path]:
@@ -81,3 +84,24 @@ def test_the_check_sees_a_cycle_put_off_to_call_time(tmp_path: Path) -> None:
     b.write_text("from p import a\n")
     known = {"p", "p.a", "p.b"}
     assert imported_by("p.a", a, known) == {"p.b"} and imported_by("p.b", b, known) == {"p.a"}
+
+
+# Private names of the libraries, as the code reaches them (a module alias or an object of theirs).
+PRIVATE = re.compile(
+    r"\b(_pytest(?:\.[a-z_]+)+|_hypothesis_internal_\w+|control\._\w+|c10d\._\w+|Backend\._\w+"
+    r"|torch\._C(?:\.\w+)*|dist\._\w+|fixture\._\w+|item\._\w+|reporter\._\w+|config\._benchmark\w*"
+    r"|_share_cuda_|hypothesis\.internal(?:\.\w+)*)"
+)
+
+
+def test_every_private_api_in_use_is_listed_with_why() -> None:
+    listed = (PROJECT / "docs" / "private-apis.md").read_text()
+    used = {
+        (match.group(1), str(path.relative_to(PROJECT)))
+        for folder in ("plugin", "suites")
+        for path in (PROJECT / folder).rglob("*.py")
+        for match in PRIVATE.finditer(path.read_text())
+    }
+    assert used, "the scan found nothing: the pattern is broken"
+    missing = sorted(f"{name} ({path})" for name, path in used if name not in listed)
+    assert not missing, f"private APIs in use but not on docs/private-apis.md: {', '.join(missing)}"

@@ -33,8 +33,18 @@ OPTIONS = (
         "registers a backend with Backend.register_backend (comma-separated)",
         "",
     ),
-    ("world_sizes", "comma-separated world sizes for tests marked world_size() with no sizes", ""),
-    ("dist_timeout", "seconds a distributed test may run before its ranks count as hung", "120"),
+    (
+        "world_sizes",
+        "comma-separated world sizes for tests marked world_size() with no sizes (default 2,3,4 on CPU, an "
+        "odd size catching ring off-by-ones; with GPUs, those of 1,2,3,4,8 that fit, and the GPU count)",
+        "",
+    ),
+    (
+        "dist_timeout",
+        "seconds a distributed test may run before its ranks count as hung: every rank's stack is shown and "
+        "its group replaced (default 120)",
+        "120",
+    ),
 )
 
 
