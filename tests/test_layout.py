@@ -1,9 +1,14 @@
-"""The package's layout: one concern per subpackage, and no module imports another that imports it back."""
+"""The package's layout: one concern per subpackage; no module or subpackage imports one that imports it
+back (directly or around a loop, at call time too), so each can be read, tested and changed from the bottom
+up; and every private name of pytest, pytest-benchmark, hypothesis or torch in use is listed, with why, on
+docs/private-apis.md."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,60 +16,105 @@ from pathlib import Path
 import pytest_collectives
 
 ROOT = Path(pytest_collectives.__file__).parent
+PROJECT = Path(__file__).parent.parent
 
 
-def module_imports() -> dict[str, set[str]]:
-    """Each module of the package and the package modules it imports at its top level."""
-    modules = {}
+def modules() -> dict[str, Path]:
+    found = {}
     for path in ROOT.rglob("*.py"):
-        name = ".".join(("pytest_collectives", *path.relative_to(ROOT).with_suffix("").parts))
-        modules[name.removesuffix(".__init__")] = path
-    graph = {}
-    for name, path in modules.items():
-        found = set()
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pytest_collectives"):
-                for alias in node.names:
-                    full = f"{node.module}.{alias.name}"
-                    found.add(full if full in modules else node.module)
-        graph[name] = {m for m in found if m in modules and m != name}
-    return graph
+        parts = ("pytest_collectives", *path.relative_to(ROOT).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
 
 
-def cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    done: set[str] = set()
+def imported_by(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules ``name`` imports anywhere in its file (in functions too, and by
+    ``importlib.import_module`` of a literal name): an import put off to call time is still a dependency."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            submodules = [f"{base}.{alias.name}" for alias in node.names]
+            found.update(m for m in submodules if m in known)
+            if any(m not in known for m in submodules):
+                found.add(base)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            found.add(node.args[0].value)
+    return {m for m in found if m in known and m != name}
 
-    def visit(module: str, path: list[str]) -> list[str] | None:
-        if module in path:
-            return path[path.index(module) :] + [module]
-        if module in done:
-            return None
-        for imported in sorted(graph[module]):
-            found = visit(imported, [*path, module])
-            if found:
-                return found
-        done.add(module)
-        return None
 
-    return next((c for m in sorted(graph) if (c := visit(m, []))), None)
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imported_by(name, path, set(found)) for name, path in found.items()}
 
 
-def test_no_import_cycles():
-    graph = module_imports()
-    assert len(graph) > 20 and "pytest_collectives.execution.session" in graph
-    assert cycle(graph) is None, " -> ".join(cycle(graph))
+def subpackage(name: str) -> str:
+    return ".".join(name.split(".")[:2])
 
 
-def test_the_cycle_finder_finds_a_planted_cycle():
-    graph = module_imports()
-    graph["pytest_collectives.bench.timing"].add("pytest_collectives.hooks")  # hooks imports it, indirectly
-    assert cycle(graph) is not None
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    try:
+        tuple(graphlib.TopologicalSorter(graph()).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"import cycle between modules: {' -> '.join(exc.args[1])}") from None
+
+
+def test_no_subpackage_imports_one_that_imports_it_back() -> None:
+    between: dict[str, set[str]] = {}
+    for name, imports in graph().items():
+        between.setdefault(subpackage(name), set()).update(
+            subpackage(m) for m in imports if subpackage(m) != subpackage(name)
+        )
+    try:
+        tuple(graphlib.TopologicalSorter(between).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"import cycle between subpackages: {' -> '.join(exc.args[1])}") from None
+
+
+def test_the_check_sees_a_cycle_put_off_to_call_time(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import importlib\ndef f():\n    importlib.import_module('p.b')\n")
+    b.write_text("from p import a\n")
+    known = {"p", "p.a", "p.b"}
+    assert imported_by("p.a", a, known) == {"p.b"} and imported_by("p.b", b, known) == {"p.a"}
+
+
+# Private names of the libraries, as the code reaches them (a module alias or an object of theirs).
+PRIVATE = re.compile(
+    r"\b(_pytest(?:\.[a-z_]+)+|_hypothesis_internal_\w+|control\._\w+|c10d\._\w+|Backend\._\w+"
+    r"|torch\._C(?:\.\w+)*|dist\._\w+|fixture\._\w+|item\._\w+|reporter\._\w+|config\._benchmark\w*"
+    r"|_share_cuda_|hypothesis\.internal(?:\.\w+)*)"
+)
+
+
+def test_every_private_api_in_use_is_listed_with_why() -> None:
+    listed = (PROJECT / "docs" / "private-apis.md").read_text()
+    used = {
+        (match.group(1), str(path.relative_to(PROJECT)))
+        for folder in ("plugin", "suites")
+        for path in (PROJECT / folder).rglob("*.py")
+        for match in PRIVATE.finditer(path.read_text())
+    }
+    assert used, "the scan found nothing: the pattern is broken"
+    missing = sorted(f"{name} ({path})" for name, path in used if name not in listed)
+    assert not missing, f"private APIs in use but not on docs/private-apis.md: {', '.join(missing)}"
 
 
 def test_one_concern_per_subpackage():
     top = {p.name for p in ROOT.iterdir() if p.suffix == ".py"}
     # The entry point and its hook specs, and what several concerns share.
-    assert top == {"__init__.py", "hooks.py", "newhooks.py", "atomic.py", "errors.py"}, top
+    assert top == {"__init__.py", "hooks.py", "newhooks.py", "atomic.py", "errors.py", "devices.py"}, top
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     concerns = {
         "execution",
