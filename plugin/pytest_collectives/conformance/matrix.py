@@ -89,7 +89,8 @@ class CapabilityMatrix:
         rows = []
         for cell in sorted(cells, key=lambda c: (c[0], c[2], order.get(c[1], 99), c[1])):
             tally = self.tallies.get(cell, _Tally())
-            reasons = [caps.cells.get(cell) for caps in self.probes.values()]
+            # a cell only some world sizes have (a 2-D mesh) is judged where it exists
+            reasons = [caps.cells[cell] for caps in self.probes.values() if cell in caps.cells]
             refused = [r for r in reasons if r]
             if tally.failed:
                 status = FAIL
@@ -113,13 +114,16 @@ class CapabilityMatrix:
         return rows
 
     def document(self) -> dict[str, Any]:
-        return {
+        rows = self.rows()
+        doc = {
             "backend": self.backend,
             "backend_version": backend_version(self.backend),
             "torch": _torch().__version__,
             "world_sizes": sorted(self.probes),
-            "cells": self.rows(),
+            "cells": rows,
         }
+        stacks = training_verdicts(rows)
+        return {**doc, "training": stacks} if stacks else doc
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and not report.skipped and "conformance" in report.keywords:
@@ -186,6 +190,8 @@ class CapabilityMatrix:
             )
         for line in grid(doc, _MARK, sep=" "):
             terminalreporter.write_line(line)
+        for stack, verdict in doc.get("training", {}).items():
+            terminalreporter.write_line(f"{stack}: {verdict}", red=verdict.startswith(FAIL))
         path = self.config.getoption("capability_json")
         if path:
             write_atomic(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -194,6 +200,34 @@ class CapabilityMatrix:
         if summary:
             with open(summary, "a", encoding="utf-8") as out:
                 out.write(markdown(doc))
+
+
+# The training stacks' rows (conformance/training.py), each read as one verdict.
+TRAINING_STACKS = {
+    "fsdp2": "FSDP2",
+    "tensor_parallel": "tensor parallel",
+    "dtensor_redistribute": "DTensor redistribute",
+}
+_WORST_FIRST = (FAIL, KNOWN, UNTESTED, PASS)
+
+
+def training_verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """One line per training stack a run probed: "PASS", "FAIL (1 of 2 meshes N/A)", or for DTensor's
+    placement pairs "182 of 272 placement pairs PASS, 90 N/A"."""
+    verdicts = {}
+    for operation, label in TRAINING_STACKS.items():
+        statuses = [r["status"] for r in rows if r["operation"] == operation]
+        if not statuses:
+            continue
+        count = {status: statuses.count(status) for status in STATUSES}
+        if operation == "dtensor_redistribute":
+            others = [f"{count[s]} {s}" for s in (FAIL, KNOWN, NA, UNTESTED) if count[s]]
+            verdicts[label] = ", ".join([f"{count[PASS]} of {len(statuses)} placement pairs PASS", *others])
+            continue
+        worst = next((s for s in _WORST_FIRST if count[s]), NA)
+        na = f" ({count[NA]} of {len(statuses)} meshes N/A)" if count[NA] and worst != NA else ""
+        verdicts[label] = worst + na
+    return verdicts
 
 
 def grid(doc: dict[str, Any], marks: dict[str, str], sep: str) -> list[str]:
@@ -226,6 +260,7 @@ def markdown(doc: dict[str, Any]) -> str:
         text.append(f"- FAIL {r['operation']} {r['dtype']} {r['reduce_op']}: {r['first_failure']}")
     for r in (r for r in doc["cells"] if r["status"] == KNOWN):
         text.append(f"- known bug {r['operation']} {r['dtype']} {r['reduce_op']}: {r['known_bug']}")
+    text += [f"- {stack}: {verdict}" for stack, verdict in doc.get("training", {}).items()]
     return "\n".join(text) + "\n"
 
 

@@ -20,6 +20,8 @@ MARKERS = (
     "(pytest_collectives.conformance.cases); the probe runs once per world size",
     "needs(*operations, together=False): a conformance test that is N/A where the backend supports none "
     "of the operations (with together: not all of them with one dtype and op)",
+    "training: a conformance test of a training stack (FSDP2, tensor parallel, DTensor) on the backend; "
+    "`-m training` runs just those",
 )
 
 _PROBED = pytest.StashKey[dict[int, "Capabilities"]]()  # per world size, for this session
@@ -44,6 +46,9 @@ def capabilities(request: pytest.FixtureRequest, world_size: int) -> Capabilitie
     return probed[world_size]
 
 
+_TRAINING_PROBED = pytest.StashKey[set[int]]()  # world sizes whose training rows are probed
+
+
 @pytest.fixture(autouse=True)
 def _drawn_from_probe(request: pytest.FixtureRequest) -> None:
     marker = request.node.get_closest_marker("needs")
@@ -53,7 +58,26 @@ def _drawn_from_probe(request: pytest.FixtureRequest) -> None:
     from pytest_collectives.conformance.cases import applicable
 
     found: Capabilities = request.getfixturevalue("capabilities")
+    if request.node.get_closest_marker("training"):
+        found = _with_training_rows(request, found)
     caps.use(found)
     if marker and not applicable(marker.args, **marker.kwargs):
         names = ", ".join(marker.args)
         pytest.skip(f"N/A: {found.backend} supports no {names} at {found.world_size} ranks")
+
+
+def _with_training_rows(request: pytest.FixtureRequest, found: Capabilities) -> Capabilities:
+    """The probe with the training stacks' rows added, probed once per world size, only in sessions that
+    run a test marked ``training`` (each makes device meshes, a group rendezvous per mesh dimension)."""
+    from pytest_collectives.conformance import training
+    from pytest_collectives.execution.session import run_on_ranks
+
+    done = request.config.stash.setdefault(_TRAINING_PROBED, set())
+    if found.world_size not in done:
+        answers = run_on_ranks(request.config, found.world_size, training.probe_rows)
+        found.cells.update(answers[0])
+        done.add(found.world_size)
+        matrix = request.config.pluginmanager.get_plugin("collectives-capabilities")
+        if matrix is not None:
+            matrix.add_probe(found)
+    return found

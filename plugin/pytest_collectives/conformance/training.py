@@ -1,0 +1,290 @@
+"""How the training stacks reach the backend, as the conformance suite checks it: FSDP2 (``fully_shard``),
+tensor parallelism (``parallelize_module``) and DTensor ``redistribute``, on the group under test.
+
+The stacks make calls the plain-operation properties never make (FSDP2's flat all-gather into a buffer its
+input is a view of, its averaged reduce-scatter of gradients, DTensor's placement changes on one and two
+mesh dimensions), so each is checked end to end against one process doing the same work: a small model
+trained a few steps, in float64, on the same batch on every rank. A failure names the step, the parameter
+and the collective that first differs.
+
+Each stack is a row of the capability matrix (``fsdp2``, ``tensor_parallel``, ``dtensor_redistribute
+<from> -> <to>``); ``training_cells`` says which rows exist on this torch, and the probe of the live group
+(capabilities.probe) marks as N/A a redistribution DTensor refuses in its own words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+DTYPE = torch.float64  # what DTensor's redistributions move: whole numbers, so any sum of shards is exact
+STEPS = 3
+LEARNING_RATE = 0.1
+# How far a sharded run's parameters may drift from one process's, by dtype. Each gradient element is a sum
+# of at most batch x width = 8 x 32 products, so summing in another order (a reduce-scatter's, a sharded
+# matmul's) moves it by at most 256 eps |terms|: 6e-14 in float64, 3e-5 in float32, and three steps of lr
+# 0.1 keep the parameters within that. A wrong collective moves a parameter by about lr x its gradient,
+# 1e-3 or more (an AVG run as SUM doubles the step at two ranks): each bound sits between, with room on
+# both sides (measured: 1.5e-8 in float32 at 2 to 4 ranks).
+BOUNDS = {torch.float32: 1e-4, torch.float64: 1e-10}
+
+FSDP2, TENSOR_PARALLEL, REDISTRIBUTE = "fsdp2", "tensor_parallel", "dtensor_redistribute"
+# DTensor's own refusal: a placement change it does not offer whatever the backend (its words, 2.5+).
+DTENSOR_REFUSALS = (
+    r"Can not redistribute from .* to .*, redistributing to Partial is for internal use only!",
+)
+
+
+def missing(api: str) -> str | None:
+    """Why this torch can't run ``api`` (fsdp2, tensor_parallel, dtensor_redistribute), or None."""
+    try:
+        if api == FSDP2:
+            from torch.distributed.fsdp import fully_shard  # noqa: F401 - public from torch 2.6
+        elif api == TENSOR_PARALLEL:
+            from torch.distributed.tensor.parallel import parallelize_module  # noqa: F401
+        from torch.distributed.tensor import DTensor  # noqa: F401 - public from torch 2.5
+    except ImportError:
+        needs = "2.6 (torch.distributed.fsdp)" if api == FSDP2 else "2.5 (torch.distributed.tensor)"
+        return f"torch {torch.__version__} has no public {api} API: it needs torch {needs}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """A training stack on a device mesh of ``dims`` dimensions, training in ``dtype``: a row of the
+    capability matrix. The dtype picks FSDP2's gradient reduction: AVG in float32, SUM with a division
+    before and after in float64 (torch.distributed.fsdp's _get_gradient_divide_factors)."""
+
+    name: str  # FSDP2, TENSOR_PARALLEL
+    dims: int  # 1: every rank on one dimension; 2: (dp, tp), where the world size splits so
+    dtype: str = "float32"
+
+    def cells(self) -> tuple[tuple[str, str, str], ...]:
+        return ((self.name, self.dtype, f"{self.dims}-D mesh"),)
+
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def __repr__(self) -> str:
+        return f"{self.name}-{self.dims}d-{self.dtype}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Redistribution:
+    """One DTensor placement change on a mesh of ``dims`` dimensions (indices into ``placements``)."""
+
+    dims: int
+    source: int
+    target: int
+
+    def placements(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        every = placements(self.dims)
+        return every[self.source], every[self.target]
+
+    def cells(self) -> tuple[tuple[str, str, str], ...]:
+        return (pair_cell(*self.placements()),)
+
+    def __repr__(self) -> str:
+        return pair_cell(*self.placements())[2]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Meshes: made once per shape in each rank process (each is a group rendezvous of every rank)
+
+_MESHES: dict[tuple[Any, str, tuple[int, ...]], Any] = {}
+
+
+def mesh(device_type: str, shape: tuple[int, ...]) -> Any:
+    """The device mesh of ``shape`` over the default group, cached for the process."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (dist.distributed_c10d._get_default_group(), device_type, shape)
+    if key not in _MESHES:
+        names = ("dp", "tp") if len(shape) == 2 else None
+        _MESHES[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return _MESHES[key]
+
+
+def mesh_shape(world_size: int, dims: int) -> tuple[int, ...] | None:
+    """Every rank on one dimension, or (dp, tp) with tp = 2 where the world size is even and 4 or more."""
+    if dims == 1:
+        return (world_size,)
+    return (world_size // 2, 2) if world_size >= 4 and world_size % 2 == 0 else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training: one model, one batch per step, every rank and the single process alike
+
+
+def tiny_model(device: torch.device, dtype: torch.dtype, hidden: int = 32) -> torch.nn.Sequential:
+    """Three linear layers, 16 -> hidden -> hidden -> 4, with the same weights wherever it is built.
+    (Tensor parallelism needs a ``hidden`` its dimension divides: torch 2.13's ColwiseParallel then
+    RowwiseParallel fail on uneven shards, "a and b must have same reduction dim".)"""
+    generator = torch.Generator().manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate([(16, hidden), (hidden, hidden), (hidden, 4)]):
+        linear = torch.nn.Linear(fan_in, fan_out, dtype=dtype)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(fan_out, fan_in, generator=generator, dtype=dtype) / fan_in**0.5)
+            linear.bias.copy_(torch.randn(fan_out, generator=generator, dtype=dtype) / 10)
+        layers += [linear, torch.nn.ReLU()] if i < 2 else [linear]
+    return torch.nn.Sequential(*layers).to(device)
+
+
+def batch(step: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(8, 16, generator=generator, dtype=dtype)
+    return x.to(device), torch.randn(8, 4, generator=generator, dtype=dtype).to(device)
+
+
+@dataclasses.dataclass
+class Step:
+    loss: float
+    parameters: dict[str, torch.Tensor]  # after the optimizer's step, whole (a DTensor's full tensor)
+
+
+def train(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> list[Step]:
+    """STEPS steps of SGD on the mean squared error, with every parameter read back whole after each."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    steps = []
+    for step in range(STEPS):
+        x, y = batch(step, device, dtype)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+        steps.append(Step(float(value), {name: _whole(p) for name, p in model.named_parameters()}))
+    return steps
+
+
+def _whole(parameter: torch.Tensor) -> torch.Tensor:
+    data = parameter.detach()
+    return (data.full_tensor() if hasattr(data, "full_tensor") else data).cpu().clone()
+
+
+def first_difference(
+    expected: list[Step], actual: list[Step], forward: str, backward: str, bound: float
+) -> str | None:
+    """Where ``actual`` first leaves ``expected`` by more than ``bound``: the step, what differs and the
+    collective to suspect. A step's loss depends on the parameters going into it (``forward``: what brings
+    them together, e.g. FSDP2's all-gather); the parameters after it on its gradients (``backward``)."""
+    for step, (want, got) in enumerate(zip(expected, actual, strict=True)):
+        if abs(want.loss - got.loss) > bound:
+            return (
+                f"step {step}: loss {got.loss!r}, one process {want.loss!r} (bound {bound:g}): the forward "
+                f"pass differs; suspect {forward}"
+            )
+        for name, value in want.parameters.items():
+            error = float((got.parameters[name] - value).abs().max())
+            if not error <= bound:
+                ratio = float(got.parameters[name].norm() / value.norm()) if value.norm() else float("nan")
+                return (
+                    f"step {step}: parameter {name} differs from one process's by {error:.3g} (bound "
+                    f"{bound:g}; norm ratio {ratio:.4g}): the gradients differ; suspect {backward}"
+                )
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# DTensor redistribute: every pair of placements on a 1-D and a 2-D mesh
+
+
+def placements(dims: int) -> list[tuple[Any, ...]]:
+    """Every placement of ``dims`` mesh dimensions over a 2-D tensor: Shard(0), Shard(1), Replicate,
+    Partial on each."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    one = [Shard(0), Shard(1), Replicate(), Partial()]
+    return list(itertools.product(one, repeat=dims))
+
+
+def short(placement: tuple[Any, ...]) -> str:
+    """(Shard(0), Replicate()) -> "S(0)R": DTensor's own short forms."""
+    return "".join(str(p) for p in placement)
+
+
+def pair_cell(source: tuple[Any, ...], target: tuple[Any, ...]) -> tuple[str, str, str]:
+    return (REDISTRIBUTE, str(DTYPE).removeprefix("torch."), f"{short(source)}->{short(target)}")
+
+
+# Uneven on every mesh size up to 8: no world size the suites use divides 7 or 5 rows into equal shards.
+FULL_SHAPE = (7, 5)
+
+
+def full_tensor() -> torch.Tensor:
+    """The tensor every redistribution moves: small whole numbers, so any sum of shards is exact."""
+    return torch.arange(FULL_SHAPE[0] * FULL_SHAPE[1], dtype=DTYPE).reshape(FULL_SHAPE) - 11
+
+
+def distributed(device_mesh: Any, source: tuple[Any, ...]) -> Any:
+    """``full_tensor()`` placed as ``source``; a Partial dimension holds it whole on its coordinate 0 and
+    zeros elsewhere, so its sum is the tensor itself."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+
+    if not any(isinstance(p, Partial) for p in source):
+        return distribute_tensor(full_tensor().to(device_mesh.device_type), device_mesh, list(source))
+    laid = [Replicate() if isinstance(p, Partial) else p for p in source]
+    local = distribute_tensor(full_tensor().to(device_mesh.device_type), device_mesh, laid).to_local()
+    coordinate = device_mesh.get_coordinate()
+    if any(isinstance(p, Partial) and coordinate[i] != 0 for i, p in enumerate(source)):
+        local = torch.zeros_like(local)
+    return DTensor.from_local(local, device_mesh, list(source), run_check=False, shape=FULL_SHAPE,
+                              stride=full_tensor().stride())  # fmt: skip
+
+
+def _refused(call: Callable[[], object]) -> str:
+    """DTensor's refusal of ``call`` in its own words, or "": it went through, or failed another way, which
+    leaves the pair supported, so the suite runs it and fails on it."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - classified: a refusal or not
+        line = str(exc).splitlines()[0] if str(exc) else ""
+        return line if any(re.fullmatch(p, line) for p in DTENSOR_REFUSALS) else ""
+    return ""
+
+
+# FSDP2 in both of its gradient reductions; tensor parallelism in the dtype models train in.
+STACKS = (
+    *(Stack(FSDP2, dims, dtype) for dims in (1, 2) for dtype in ("float32", "float64")),
+    *(Stack(TENSOR_PARALLEL, dims) for dims in (1, 2)),
+)
+
+
+def probe(world_size: int, device_type: str) -> dict[tuple[str, str, str], str]:
+    """The training rows at ``world_size``: "" where supported, else why not. A redistribution to a
+    Partial placement is tried, and N/A where DTensor refuses it; the others run in the suite."""
+    found: dict[tuple[str, str, str], str] = {}
+    for dims in (1, 2):
+        shape = mesh_shape(world_size, dims)
+        if shape is None:
+            continue
+        for stack in STACKS:
+            if stack.dims == dims:
+                found[stack.cells()[0]] = missing(stack.name) or ""
+        if missing(REDISTRIBUTE):
+            continue
+        device_mesh = mesh(device_type, shape)
+        for source, target in itertools.product(placements(dims), repeat=2):
+            cell = pair_cell(source, target)
+            found[cell] = ""
+            if any(_partial(t) and not _partial(s) for s, t in zip(source, target, strict=True)):
+                found[cell] = _refused(
+                    lambda s=source, t=target, m=device_mesh: distributed(m, s).redistribute(m, list(t))
+                )
+    return found
+
+
+def _partial(placement: Any) -> bool:
+    return type(placement).__name__ == "Partial"
+
+
+def probe_rows(pg: Any) -> dict[tuple[str, str, str], str]:
+    """``probe`` on the ranks of ``pg`` (run_on_ranks' calling convention)."""
+    return probe(pg.world_size, pg.device.type)

@@ -1,0 +1,64 @@
+"""The training-stack properties (suites/conformance/test_training.py) catch each planted bug of
+tests/training_mutants.py with its consequence named, and pass without one."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import copy_conformance
+
+from pytest_collectives.conformance import training
+
+pytestmark = pytest.mark.skipif(
+    bool(training.missing(training.FSDP2)), reason=str(training.missing(training.FSDP2))
+)
+
+MUTANTS = [
+    (
+        "avg_reduce_scatter_run_as_sum",
+        "fsdp2 and 1d and float32",
+        "*FSDP2 in float32 on a (3,) mesh, step 0: parameter * differs * the gradients differ; suspect "
+        "reduce_scatter_single with AVG (*a SUM there scales them by the ranks)",
+    ),
+    (
+        "all_gather_ignores_an_aliased_input",
+        "fsdp2 and 1d and float64",
+        "*FSDP2 in float64 on a (3,) mesh, step 0: loss * the forward pass differs; suspect "
+        "all_gather_single into FSDP2's flat buffer (each rank's input a view of its own slice)",
+    ),
+    (
+        "functional_all_reduce_returns_before_the_data",
+        "tensor_parallel and 1d",
+        "*tensor parallel on a (3,) mesh, step 0: loss * suspect all_reduce of RowwiseParallel's partial "
+        "outputs",
+    ),
+    (
+        "redistribute_drops_an_uneven_last_shard",
+        "redistribute and 1d_mesh",
+        "*redistribute S(0)->* of a (7, 5) tensor on a (3,) mesh: * element(s) of 35 differ from the tensor "
+        "placed*",
+    ),
+]
+
+
+def run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, mutant: str, select: str
+) -> pytest.RunResult:
+    copy_conformance(pytester.path, ("test_training.py",))
+    monkeypatch.setenv("TRAINING_MUTANT", mutant)  # read on every rank when training_mutants is imported
+    return pytester.runpytest(
+        "--backend-module", "training_mutants", "--world-sizes", "3", "--dist-timeout", "60",
+        "-p", "no:cacheprovider", "-x", "-k", select,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mutant, select, message", MUTANTS, ids=[m[0] for m in MUTANTS])
+def test_a_planted_training_stack_bug_is_caught(pytester, monkeypatch, mutant, select, message) -> None:
+    result = run(pytester, monkeypatch, mutant, select)
+    assert result.parseoutcomes().get("failed", 0) == 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([message])
+
+
+def test_the_same_selections_pass_with_nothing_planted(pytester, monkeypatch) -> None:
+    result = run(pytester, monkeypatch, "", " or ".join(f"({m[1]})" for m in MUTANTS))
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == len(MUTANTS), result.stdout.str()
