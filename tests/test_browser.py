@@ -326,12 +326,12 @@ def test_fleet_page_shows_in_the_browser(tmp_path, open_in_browser):
 
     from test_fleet import SICK, SLOW_GPU, memory_fleet, node_data
 
-    from pytest_collectives.nodereport import fleet
+    from pytest_collectives.nodereport import fleet, fleetstats, fleetwrite
 
     nodes = [n for n in memory_fleet(random.Random(3)) if n.name != SICK]
     sick = fleet.report_figures(node_data(random.Random(4), slow_gpu=SLOW_GPU))
-    nodes.append(fleet.Node(SICK, f"{SICK}/report.json", nodes[0].topology_id, sick))
-    files = fleet.write_fleet(tmp_path, fleet.judge_fleet(nodes))
+    nodes.append(fleetstats.Node(SICK, f"{SICK}/report.json", nodes[0].topology_id, sick))
+    files = fleetwrite.write_fleet(tmp_path, fleetstats.judge_fleet(nodes))
     page, log = open_in_browser(files["fleet.html"])
     check_page(page, log, expected_images=0)
     assert page.get_by_text("FAIL: 1 of 16 nodes fail").is_visible()

@@ -19,10 +19,14 @@ import pytest
 from helpers import gpu_data
 from test_preflight import FakeNvml, hgx
 
-from pytest_collectives.nodereport import fleet
+from pytest_collectives.nodereport import fleet, fleetstats, fleetwrite, plots
 from pytest_collectives.nodereport import write as node_report
-from pytest_collectives.nodereport.fleet import judge_fleet, load_reports, render_html, to_json
-from pytest_collectives.nodereport.preflight import read_nvml
+from pytest_collectives.nodereport.fleet import load_reports
+from pytest_collectives.nodereport.fleetstats import judge_fleet
+from pytest_collectives.nodereport.fleetwrite import render_html, to_json
+from pytest_collectives.nodereport.nvml import read_nvml
+from pytest_collectives.nodereport.schema import ReportError, validate_data
+from pytest_collectives.nodereport.verdicts import report_checks
 
 NODES = 16
 SICK = "node07"  # the degraded node of the simulated fleets
@@ -76,7 +80,7 @@ def node_data(
 def write_node(folder: Path, data: dict, host: str | None = None) -> str:
     """The real report.json of `data` (with its `host`) in `folder`."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(node_report, "_can_draw", lambda: False)  # the plots are not read, and cost seconds
+        mp.setattr(plots, "_can_draw", lambda: False)  # the plots are not read, and cost seconds
         return str(
             node_report.write_report(folder, {**data, **({"host": host} if host else {})})["report.json"]
         )
@@ -95,22 +99,22 @@ def write_fleet(
     return paths
 
 
-def memory_fleet(rng: random.Random, noise: float = 0.05) -> list[fleet.Node]:
+def memory_fleet(rng: random.Random, noise: float = 0.05) -> list[fleetstats.Node]:
     """Healthy nodes straight from their data, for loops too long to write files in."""
     return [
-        fleet.Node(
+        fleetstats.Node(
             f"node{k:02d}", f"node{k:02d}/report.json", TOPOLOGY, fleet.report_figures(node_data(rng, noise))
         )
         for k in range(NODES)
     ]
 
 
-def named(result: fleet.FleetResult) -> dict[str, str]:
+def named(result: fleetstats.FleetResult) -> dict[str, str]:
     """The nodes the fleet names (any outlier figure), with their verdicts."""
     return {n.name: n.verdict for n in result.nodes if n.outliers}
 
 
-def dumps(result: fleet.FleetResult) -> str:
+def dumps(result: fleetstats.FleetResult) -> str:
     return json.dumps(to_json(result), indent=2, sort_keys=True) + "\n"
 
 
@@ -198,14 +202,14 @@ def test_healthy_fleets_name_no_node(noise, fleets):
         assert named(result) == {} and result.verdict == "PASS"
 
 
-def flat_fleet(values: list[float], direction: str = fleet.HIGHER) -> list[fleet.Node]:
+def flat_fleet(values: list[float], direction: str = fleetstats.HIGHER) -> list[fleetstats.Node]:
     return [
-        fleet.Node(f"n{k}", f"n{k}/report.json", "t", {"f": fleet.Figure(v, direction, "x")})
+        fleetstats.Node(f"n{k}", f"n{k}/report.json", "t", {"f": fleetstats.Figure(v, direction, "x")})
         for k, v in enumerate(values)
     ]
 
 
-def verdicts(nodes: list[fleet.Node]) -> dict[str, str]:
+def verdicts(nodes: list[fleetstats.Node]) -> dict[str, str]:
     return {n.name: n.verdict for n in judge_fleet(nodes).nodes}
 
 
@@ -229,10 +233,10 @@ def test_both_rules_must_hold():
 
 def test_times_are_better_lower():
     times = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0]  # with a 7th node, the median is 1.0
-    slow = verdicts(flat_fleet([*times, 1.6], fleet.LOWER))
-    fast = verdicts(flat_fleet([*times, 0.6], fleet.LOWER))
+    slow = verdicts(flat_fleet([*times, 1.6], fleetstats.LOWER))
+    fast = verdicts(flat_fleet([*times, 0.6], fleetstats.LOWER))
     assert slow["n6"] == "FAIL" and set(fast.values()) == {"PASS"}
-    result = judge_fleet(flat_fleet([*times, 1.6], fleet.LOWER))
+    result = judge_fleet(flat_fleet([*times, 1.6], fleetstats.LOWER))
     check = result.nodes[-1].outliers[0]
     assert check.details["ratio"] == round(1.0 / 1.6, 4)  # a speed ratio
     assert check.details["value"] == 1.6 and check.details["fleet_median"] == 1.0
@@ -240,12 +244,12 @@ def test_times_are_better_lower():
 
 def test_figures_of_fewer_than_three_nodes_are_not_judged():
     nodes = flat_fleet([10, 10, 10, 10])
-    odd = [fleet.Node(n.name, n.path, n.topology_id, {**n.figures}) for n in nodes]
-    odd[0] = fleet.Node(
-        "n0", "n0/report.json", "t", {**nodes[0].figures, "g": fleet.Figure(1, "higher", "x")}
+    odd = [fleetstats.Node(n.name, n.path, n.topology_id, {**n.figures}) for n in nodes]
+    odd[0] = fleetstats.Node(
+        "n0", "n0/report.json", "t", {**nodes[0].figures, "g": fleetstats.Figure(1, "higher", "x")}
     )
-    odd[1] = fleet.Node(
-        "n1", "n1/report.json", "t", {**nodes[1].figures, "g": fleet.Figure(9, "higher", "x")}
+    odd[1] = fleetstats.Node(
+        "n1", "n1/report.json", "t", {**nodes[1].figures, "g": fleetstats.Figure(9, "higher", "x")}
     )
     result = judge_fleet(odd)
     assert result.unjudged == ("g",) and result.verdict == "PASS" and list(result.stats) == ["f"]
@@ -253,11 +257,11 @@ def test_figures_of_fewer_than_three_nodes_are_not_judged():
 
 def test_figures_of_a_report():
     figures = fleet.report_figures(node_data(random.Random(1), noise=0.0))
-    assert figures["p2p GPU0->GPU1"] == fleet.Figure(101.78, "higher", "GB/s")
+    assert figures["p2p GPU0->GPU1"] == fleetstats.Figure(101.78, "higher", "GB/s")
     assert figures["p2p class NV4 median"].value == pytest.approx((101.65 + 101.68) / 2)
     assert "p2p GPU0->GPU0" not in figures
     assert figures["busbw all_reduce n=8 @ 4 MiB"].value == pytest.approx(7.0 * 4 / 5)
-    assert figures["time test_all_reduce[64MiB]"] == fleet.Figure(0.01 * 0.92, "lower", "s")
+    assert figures["time test_all_reduce[64MiB]"] == fleetstats.Figure(0.01 * 0.92, "lower", "s")
     assert len(figures) == 56 + 2 + 10 + 2
     empty = {"p2p": None, "collectives": [], "baseline": {"available": False, "path": None, "rows": []}}
     assert fleet.report_figures(empty) == {}
@@ -498,9 +502,9 @@ def plant_markup(data: dict) -> set[str]:
         for path, _ in found:
             put(data, path, f"{HOSTILE}{next(number)}")
         try:
-            node_report._validate_data(data)
-            node_report.report_checks(data)
-        except node_report.ReportError:
+            validate_data(data)
+            report_checks(data)
+        except ReportError:
             for path, text in found:
                 put(data, path, text)
         else:
@@ -538,7 +542,7 @@ def assert_inert(page: str, images: int) -> Elements:
 def test_markup_in_any_field_stays_text(tmp_path, monkeypatch):
     # Images are inlined, but matplotlib is not what this reads, and it takes seconds over these labels.
     for plot in ("p2p_plot", "busbw_plot", "baseline_plot"):
-        monkeypatch.setattr(node_report, plot, lambda *args: b"\x89PNG\r\n\x1a\n")
+        monkeypatch.setattr(plots, plot, lambda *args: b"\x89PNG\r\n\x1a\n")
     data = gpu_data()
     labels = [f"GPU{i}" for i in range(8)]
     latency = [[None if i == j else 2.0 for j in range(8)] for i in range(8)]
@@ -571,7 +575,8 @@ def test_markup_in_any_field_stays_text(tmp_path, monkeypatch):
         if k == 0:
             node["collectives"].append({**node["collectives"][0], "name": f"{HOSTILE}alone"})
         paths.append(write_node(tmp_path / f"{k}<b title='x'>", node, host=f"{HOSTILE}host{k}"))
-    page = fleet.write_fleet(tmp_path / "fleet", judge_fleet(load_reports(paths)))["fleet.html"].read_text()
+    files = fleetwrite.write_fleet(tmp_path / "fleet", judge_fleet(load_reports(paths)))
+    page = files["fleet.html"].read_text()
     parser = assert_inert(page, images=0)
     ids = [dict(attrs)["id"] for tag, attrs in parser.elements if tag == "h2" and attrs]
     assert ids == ["node-3"] and "Not judged" in parser.text

@@ -11,15 +11,10 @@ from helpers import cpu_data, gpu_data
 
 import pytest_collectives
 from pytest_collectives.gate.store import BenchmarkEntry
-from pytest_collectives.nodereport import write as node_report
+from pytest_collectives.nodereport import plots
 from pytest_collectives.nodereport.collect import p2p_matrix
-from pytest_collectives.nodereport.write import (
-    DATA_SCHEMA,
-    REPORT_SCHEMA,
-    ReportError,
-    validate,
-    write_report,
-)
+from pytest_collectives.nodereport.schema import DATA_SCHEMA, REPORT_SCHEMA, ReportError, validate
+from pytest_collectives.nodereport.write import write_report
 
 # matplotlib is in the `test` extra; the plots are what most of this file checks.
 imread = pytest.importorskip("matplotlib.image").imread
@@ -255,10 +250,10 @@ def test_schemas_describe_the_documents():
 
 def test_png_plots_draw_directly():
     data = gpu_data()
-    png = node_report.p2p_plot(data["p2p"], [])
+    png = plots.p2p_plot(data["p2p"], [])
     assert png[:8] == PNG_MAGIC
-    assert node_report.busbw_plot(data["collectives"])[:8] == PNG_MAGIC
-    assert node_report.baseline_plot(data["baseline"]["rows"], 1.05)[:8] == PNG_MAGIC
+    assert plots.busbw_plot(data["collectives"])[:8] == PNG_MAGIC
+    assert plots.baseline_plot(data["baseline"]["rows"], 1.05)[:8] == PNG_MAGIC
 
 
 def _pair(src: int, dst: int, gbps: float, nodes: tuple[int, ...]) -> BenchmarkEntry:
@@ -362,5 +357,5 @@ def test_a_report_without_conformance_tests_has_no_matrix_check(tmp_path):
     report = read_json(write_report(tmp_path, data))
     assert "capability matrix" not in {c["name"] for c in report["checks"]}
     data["capabilities"] = {**capability_matrix(False), "cells": "all of them"}
-    with pytest.raises(node_report.ReportError, match="capabilities.cells"):
+    with pytest.raises(ReportError, match="capabilities.cells"):
         write_report(tmp_path, data)

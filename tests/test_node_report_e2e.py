@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_collectives.nodereport.write import REPORT_SCHEMA, validate
+from pytest_collectives.nodereport.schema import REPORT_SCHEMA, validate
 
 SUITE = """
 import pytest, torch, torch.distributed as dist

@@ -5,21 +5,12 @@ import numpy as np
 import pytest
 from helpers import DATA, read_p2p
 
-from pytest_collectives.nodereport import checks as nodecheck
-from pytest_collectives.nodereport.checks import (
-    FAIL,
-    PASS,
-    WARN,
-    Check,
-    NodeCheckError,
-    class_figures,
-    device_outliers,
-    expected_gbps,
-    explain_pairs,
-    judge_node,
-    link_outliers,
-    overall,
-)
+from pytest_collectives.nodereport import links
+from pytest_collectives.nodereport.bandwidth import class_figures, judge_node
+from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check, NodeCheckError, overall
+from pytest_collectives.nodereport.links import expected_gbps
+from pytest_collectives.nodereport.matrix import explain_pairs
+from pytest_collectives.nodereport.peers import device_outliers, link_outliers
 from pytest_collectives.topology.machine import parse_topo_matrix
 
 # The 8 x RTX 3090 server of the project's seed documents: NV4 pairs 0-1, 2-3, 4-5, 6-7, SYS elsewhere.
@@ -240,9 +231,9 @@ def test_explain_pairs_names_each_class():
 
 def test_explanations_use_the_legend_of_nvidia_smi():
     legend = dict(re.findall(r"^\s*(NV#|[A-Z]+)\s*= Connection traversing (.+?)\s*$", TOPO_TEXT, flags=re.M))
-    assert legend == nodecheck.LINK_LEGEND
+    assert legend == links.LINK_LEGEND
     for link in ("NV2", "PIX", "PXB", "PHB", "NODE", "SYS"):
-        assert nodecheck.link_meaning(link).startswith("a connection traversing ")
+        assert links.link_meaning(link).startswith("a connection traversing ")
 
 
 def test_one_direction_class_only_explained():
@@ -328,7 +319,7 @@ def test_small_classes_of_a_four_gpu_node_are_left_to_floors_and_baselines():
 def test_cpu_ranks_over_loopback_are_judged_by_consistency_alone():
     n = 4
     matrix = [[0.0 if i == j else 1.3 + 0.01 * ((i + j) % 3) for j in range(n)] for i in range(n)]
-    classes = [["X" if i == j else nodecheck.LOOPBACK_LINK for j in range(n)] for i in range(n)]
+    classes = [["X" if i == j else links.LOOPBACK_LINK for j in range(n)] for i in range(n)]
     assert all(c.status == "PASS" for c in judge_node(matrix, classes, bidirectional=False))
     matrix[1][2] = matrix[2][1] = 0.3
     checks = judge_node(matrix, classes, bidirectional=False)
@@ -336,13 +327,13 @@ def test_cpu_ranks_over_loopback_are_judged_by_consistency_alone():
     # Loopback has no hardware to fail: a slow pair is the host's load, a warning with advice about the host.
     assert [(c.name, c.status) for c in flagged] == [("link GPU1<->GPU2", "WARN")]
     assert "one rank per core" in flagged[0].reason and "nvidia-smi" not in flagged[0].reason
-    assert "loopback" in nodecheck.link_meaning(nodecheck.LOOPBACK_LINK)
+    assert "loopback" in links.link_meaning(links.LOOPBACK_LINK)
 
 
 def test_a_starved_cpu_rank_gets_host_advice_never_gpu_advice():
     n = 4
     matrix = [[0.0 if i == j else 1.3 + 0.01 * ((i + j) % 3) for j in range(n)] for i in range(n)]
-    classes = [["X" if i == j else nodecheck.LOOPBACK_LINK for j in range(n)] for i in range(n)]
+    classes = [["X" if i == j else links.LOOPBACK_LINK for j in range(n)] for i in range(n)]
     labels = [f"rank{i}" for i in range(n)]
     [bad] = flagged(judge_node(slow_device(matrix, 0, 0.5), classes, bidirectional=False, labels=labels))
     assert bad.name == "device rank0" and bad.status == WARN
@@ -362,7 +353,7 @@ def test_pairs_across_nodes_are_judged_among_themselves_as_network_links():
     bad = [c for c in judge_node(matrix, classes, bidirectional=False) if c.status != "PASS"]
     assert [(c.name, c.status) for c in bad] == [("link GPU1<->GPU2", "FAIL")]
     assert "check the NICs of both nodes" in bad[0].reason, bad[0].reason
-    assert "between two nodes" in nodecheck.link_meaning(nodecheck.NETWORK_LINK)
+    assert "between two nodes" in links.link_meaning(links.NETWORK_LINK)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ import pytest
 from test_topology import FakeNvml as TopologyFakeNvml
 
 from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check
-from pytest_collectives.nodereport.preflight import FACTS_SCHEMA, preflight_checks, read_nvml, sample_throttle
+from pytest_collectives.nodereport.nvml import FACTS_SCHEMA, read_nvml, sample_throttle
+from pytest_collectives.nodereport.preflight import preflight_checks
 
 # Values as in pynvml (nvidia-ml-py 13.x).
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -71,7 +72,7 @@ class FakeGpu:
 
 
 class FakeNvml:
-    """The slice of pynvml that preflight.py uses; each GPU's state is a FakeGpu, changeable between calls."""
+    """The slice of pynvml that nvml.py uses; each GPU's state is a FakeGpu, changeable between calls."""
 
     NVMLError = NVMLError
     NVMLError_NotSupported = NVMLError_NotSupported
@@ -561,7 +562,8 @@ def test_the_fakes_are_the_real_pynvml_s_api(fake):
 def test_the_node_report_judges_the_preflight_and_publishes_its_facts(tmp_path):
     from helpers import gpu_data
 
-    from pytest_collectives.nodereport.write import REPORT_SCHEMA, write_report
+    from pytest_collectives.nodereport.schema import REPORT_SCHEMA
+    from pytest_collectives.nodereport.write import write_report
 
     gpus = hgx()
     plant(3, width=8)(gpus)

@@ -4,10 +4,10 @@ p2pBandwidthLatencyTest's diagonal.
 
 One benchmark per GPU: only the rank driving that GPU copies, the others run empty rounds, so each GPU's
 PCIe link is measured alone, as nvbandwidth does. A GPU whose link trained at x8 or at a lower generation
-then stands out from its peers in the node report (node_report's host-device checks). Pinned host memory is
-what a DMA engine copies at link speed; pageable memory is staged through a pinned buffer by the driver, so
-its figure also shows the CPU's memcpy. Bidirectional figures count the bytes of both directions, like
-p2pBandwidthLatencyTest's. Every copy is byte-checked after its benchmark (copycheck).
+then stands out from its peers in the node report (the host-device checks of nodereport/verdicts.py).
+Pinned host memory is what a DMA engine copies at link speed; pageable memory is staged through a pinned
+buffer by the driver, so its figure also shows the CPU's memcpy. Bidirectional figures count the bytes of
+both directions, like p2pBandwidthLatencyTest's. Every copy is byte-checked after its benchmark (copycheck).
 """
 
 from __future__ import annotations

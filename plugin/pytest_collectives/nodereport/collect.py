@@ -19,8 +19,8 @@ import pytest
 
 from pytest_collectives.gate.store import BenchmarkEntry
 from pytest_collectives.newhooks import merged_answers
-from pytest_collectives.nodereport import preflight
-from pytest_collectives.nodereport.checks import LOOPBACK_LINK, NETWORK_LINK
+from pytest_collectives.nodereport import nvml
+from pytest_collectives.nodereport.links import LOOPBACK_LINK, NETWORK_LINK
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 MAX_LONGREPR = 4000
@@ -159,7 +159,7 @@ class NodeReport:
         self.error = ""
         # NVML is read before the first test (idle GPUs) and again at the end (after load), because PCIe
         # link speed and clock throttling both change with load. A CPU run has nothing to read.
-        self.preflight = preflight.read_nvml() if gpus else None
+        self.preflight = nvml.read_nvml() if gpus else None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or report.outcome != "passed":
@@ -176,7 +176,8 @@ class NodeReport:
     @pytest.hookimpl(trylast=True)  # after the gate has compared with the baseline
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         from pytest_collectives.gate import plugin as gate
-        from pytest_collectives.nodereport.write import ReportError, write_report
+        from pytest_collectives.nodereport.schema import ReportError
+        from pytest_collectives.nodereport.write import write_report
         from pytest_collectives.topology.machine import link_class, topology_id
 
         gate_plugin = self.config.pluginmanager.get_plugin("collectives-gate")
@@ -187,7 +188,7 @@ class NodeReport:
             "topology_id": topology_id(fingerprint),
             "host": socket.gethostname(),
             "fingerprint": fingerprint.to_json(),
-            "preflight": preflight.sample_throttle(self.preflight) if self.preflight else None,
+            "preflight": nvml.sample_throttle(self.preflight) if self.preflight else None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "p2p": p2p_matrix(
                 results, (lambda i, j: LOOPBACK_LINK) if cpu else partial(link_class, fingerprint)

@@ -1,0 +1,224 @@
+"""The verdicts at the top of a node report, computed from its data rather than passed in, so the verdict
+always follows from the data beside it.
+
+`report_checks` gathers them: the NVML preflight (GPU runs), the node's links (bandwidth.judge_node on the P2P
+matrix), each GPU's host-device copies against the other GPUs' (peers.peer_outliers), one check for the test
+run, one for the benchmark baseline, one for the capability matrix, and the extensions' own checks. A Check
+whose subject is a list carries it as a table (checks.TABLE), which every output of the report shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_collectives.gate.statistics import REGRESSION
+from pytest_collectives.nodereport import preflight
+from pytest_collectives.nodereport.bandwidth import judge_node
+from pytest_collectives.nodereport.checks import FAIL, PASS, STATUSES, TABLE, WARN, Check, NodeCheckError
+from pytest_collectives.nodereport.links import PCIE_ADVICE
+from pytest_collectives.nodereport.peers import Outlier, peer_outliers
+from pytest_collectives.nodereport.schema import ReportError, has_pairs
+
+
+def report_checks(data: Mapping[str, Any]) -> list[Check]:
+    """The verdicts shown at the top of the report: the GPUs' health as NVML reports it (GPU runs), the node's
+    links, the test run, the benchmark baseline, the capability matrix, and the extensions' own checks."""
+    health = preflight.preflight_checks(data["preflight"]) if data.get("preflight") else []
+    run = [_test_check(data["tests"]), _benchmark_check(data["baseline"])]
+    if data.get("capabilities"):
+        run.append(_capability_check(data["capabilities"]))
+    extensions = [
+        Check(f"{namespace}: {c['name']}", c["status"], c["reason"], c.get("details", {}))
+        for namespace, extension in (data.get("extensions") or {}).items()
+        for c in extension["checks"]
+    ]
+    return [
+        *health,
+        *_link_checks(data["p2p"]),
+        *_host_device_checks(data.get("host_device")),
+        *run,
+        *extensions,
+    ]
+
+
+def _link_checks(p2p: Mapping[str, Any] | None) -> list[Check]:
+    if not has_pairs(p2p):
+        return [
+            Check(
+                "links", PASS, "No GPU-to-GPU bandwidth was measured (CPU run or one GPU): no links to judge."
+            )
+        ]
+    try:
+        return judge_node(
+            p2p["matrix"], p2p["classes"], p2p["bidirectional"], p2p.get("baseline"), labels=p2p["devices"]
+        )
+    except NodeCheckError as e:
+        # The checks are where a matrix's cells and classes get checked; their messages name the field.
+        raise ReportError(f"report data: p2p.{e}") from None
+
+
+_HOST_DEVICE = "host-device copies"
+_LINK_SERIES = ("h2d", "d2h", "bidir")  # copies that cross the GPU's PCIe link; "local" stays in its memory
+_NUMA_ADVICE = (
+    "if the slow GPUs are all on one CPU socket, the host memory may be on the other one: compare with "
+    "the CPU affinity in `nvidia-smi topo -m`"
+)
+_MEMORY_ADVICE = (
+    "a copy inside the GPU's own memory crosses no link, so look at the GPU: its clocks and throttle "
+    "reasons (`nvidia-smi -q -d CLOCK,PERFORMANCE`) and its memory errors "
+    "(`nvidia-smi -q -d ECC,ROW_REMAPPER`)"
+)
+
+
+def _host_device_checks(host: Mapping[str, Any] | None) -> list[Check]:
+    """Each GPU's host-device figures against the other GPUs': a GPU behind a link trained at x8 or a lower
+    PCIe generation copies slower than its peers. No check when nothing was measured (a CPU run)."""
+    if host is None:
+        return []
+    labels, series = host["devices"], host["series"]
+    measured = [i for i in range(len(labels)) if any(values[i] is not None for values in series.values())]
+    if len(measured) < 3:
+        return [
+            Check(
+                _HOST_DEVICE,
+                PASS,
+                f"{len(measured)} GPU(s) measured: too few for the others to say what a healthy one reaches "
+                f"(needs 3), so their figures (below) were not judged.",
+                {"devices": len(measured)},
+            )
+        ]
+    slow: dict[int, list[tuple[str, Outlier]]] = {}
+    for name, values in series.items():
+        for outlier in peer_outliers(values):
+            slow.setdefault(outlier.index, []).append((name, outlier))
+    if not slow:
+        return [
+            Check(
+                _HOST_DEVICE,
+                PASS,
+                f"{len(measured)} GPUs compared in {len(series)} kinds of copy: none is far below the "
+                f"others.",
+                {"devices": len(measured), "series": len(series)},
+            )
+        ]
+    return [_slow_device_check(labels[d], d, found) for d, found in sorted(slow.items())]
+
+
+def _slow_device_check(label: str, device: int, found: Sequence[tuple[str, Outlier]]) -> Check:
+    worst = min(found, key=lambda f: f[1].ratio)
+    names = [name for name, _ in found]
+    advice = []
+    if any(name.split()[0] in _LINK_SERIES for name in names):
+        advice += [PCIE_ADVICE, _NUMA_ADVICE]
+    if any(name.split()[0] not in _LINK_SERIES for name in names):
+        advice.append(_MEMORY_ADVICE)
+    return Check(
+        f"host-device {label}",
+        max((o.status for _, o in found), key=STATUSES.index),
+        f"{label}'s {', '.join(names)} copies are below the other GPUs' (down to {worst[1].ratio:.0%} of "
+        f"their median, {worst[0]}; listed in the table): {'; '.join(advice)}.",
+        {
+            "device": device,
+            "label": label,
+            TABLE: {
+                "columns": ["Copy", "GB/s", "Median of the other GPUs (GB/s)", "Ratio"],
+                "rows": [
+                    [name, f"{o.measured:.1f}", f"{o.reference:.1f}", f"{o.ratio:.0%}"] for name, o in found
+                ],
+            },
+        },
+    )
+
+
+def _test_check(tests: Mapping[str, Any]) -> Check:
+    passed, failed, skipped = tests["passed"], tests["failed"], tests["skipped"]
+    counts = {"passed": passed, "failed": failed, "skipped": skipped}
+    summary = f"{passed} passed, {failed} failed, {skipped} skipped"
+    if failed:
+        return Check(
+            "test run", FAIL, f"{summary}: the failures are listed below with their tracebacks.", counts
+        )
+    if not passed:
+        return Check(
+            "test run", WARN, f"{summary}: no test passed, so nothing was verified on this node.", counts
+        )
+    return Check("test run", PASS, f"{summary}.", counts)
+
+
+def _capability_check(matrix: Mapping[str, Any]) -> Check:
+    """The capability matrix as one verdict: FAIL where any cell failed, with the whole matrix as a table
+    (a row per operation and reduce op, the dtypes of each status), so every output of the report has it."""
+    from pytest_collectives.conformance.matrix import FAIL as CELL_FAIL
+    from pytest_collectives.conformance.matrix import STATUSES as CELL_STATUSES
+    from pytest_collectives.conformance.matrix import short_dtype
+
+    rows: dict[tuple[str, str], dict[str, list[str]]] = {}
+    counts = dict.fromkeys(CELL_STATUSES, 0)
+    for cell in matrix["cells"]:
+        by_status = rows.setdefault((cell["operation"], cell["reduce_op"]), {s: [] for s in CELL_STATUSES})
+        by_status[cell["status"]].append(short_dtype(cell["dtype"]))
+        counts[cell["status"]] += 1
+    details: dict[str, Any] = {
+        "backend": matrix["backend"],
+        **counts,
+        TABLE: {
+            "columns": ["Operation", *CELL_STATUSES],
+            "rows": [
+                [op if redop == "-" else f"{op} {redop}", *(" ".join(found[s]) for s in CELL_STATUSES)]
+                for (op, redop), found in sorted(rows.items())
+            ],
+        },
+    }
+    where = (
+        f"{matrix['backend']} ({matrix['backend_version']}, torch {matrix['torch']}) at world sizes "
+        f"{', '.join(map(str, matrix['world_sizes']))}: "
+        + ", ".join(f"{counts[s]} {s}" for s in CELL_STATUSES)
+    )
+    failed = [c for c in matrix["cells"] if c["status"] == CELL_FAIL]
+    if failed:
+        first = failed[0]
+        return Check(
+            "capability matrix",
+            FAIL,
+            f"{where}. {first['operation']} {first['dtype']} {first['reduce_op']} gave wrong results "
+            f"({first.get('first_failure', '')}): the failing tests are listed below.",
+            details,
+        )
+    return Check("capability matrix", PASS, f"{where}; nothing supported gave a wrong result.", details)
+
+
+def _benchmark_check(baseline: Mapping[str, Any]) -> Check:
+    rows = baseline["rows"]
+    if not baseline["available"]:
+        return Check(
+            "benchmark baseline",
+            PASS,
+            "No benchmark baseline for this topology, so no speed was compared: record one from a known-good "
+            "run.",
+            {"available": False},
+        )
+    slower = sorted(
+        (r for r in rows if r["verdict"] == REGRESSION), key=lambda r: (-r["ratio"], r["benchmark"])
+    )
+    details: dict[str, Any] = {"available": True, "compared": len(rows), "regressions": len(slower)}
+    where = f" ({baseline['path']})" if baseline["path"] else ""
+    if slower:
+        details[TABLE] = {
+            "columns": ["Benchmark", "Time now / baseline"],
+            "rows": [[r["benchmark"], f"{r['ratio']:.2f}x"] for r in slower],
+        }
+        return Check(
+            "benchmark baseline",
+            FAIL,
+            f"{len(slower)} of {len(rows)} benchmarks are slower than the baseline{where} beyond noise "
+            f"(listed in the table): re-run them, and if they stay slow look for what changed since it was "
+            f"recorded.",
+            details,
+        )
+    return Check(
+        "benchmark baseline",
+        PASS,
+        f"{len(rows)} benchmarks compared with the baseline{where}: none is slower beyond noise.",
+        details,
+    )
