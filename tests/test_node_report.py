@@ -326,7 +326,8 @@ def capability_matrix(failing: bool) -> dict:
     if failing:
         cells[2]["first_failure"] = "suites/conformance/test_reduce_scatter.py::test_x[ws2] (2 ranks)"
     return {"backend": "nccl", "backend_version": "NCCL 2.27.3", "torch": "2.13.0", "world_sizes": [1, 2],
-            "cells": cells}  # fmt: skip
+            "cells": cells,
+            "training": {"FSDP2": "PASS", "tensor parallel": "PASS (1 of 2 meshes N/A)"}}  # fmt: skip
 
 
 @pytest.mark.parametrize("failing", [False, True])
@@ -345,6 +346,7 @@ def test_the_capability_matrix_is_a_check_in_every_output(tmp_path, failing):
         ["all_reduce band", "", "", "", "i32", ""],
         ["all_reduce sum", "f32", "", "", "", ""],
     ]
+    assert "; FSDP2: PASS; tensor parallel: PASS (1 of 2 meshes N/A)" in check["reason"]  # a line each
     if failing:
         assert "all_gather_single_stacked float16 - gave wrong results (suites/" in check["reason"]
     assert "<td>all_reduce band</td>" in files["report.html"].read_text()

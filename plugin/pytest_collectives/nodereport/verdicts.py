@@ -170,10 +170,12 @@ def _capability_check(matrix: Mapping[str, Any]) -> Check:
             ],
         },
     }
+    stacks = "".join(f"; {stack}: {verdict}" for stack, verdict in matrix.get("training", {}).items())
     where = (
         f"{matrix['backend']} ({matrix['backend_version']}, torch {matrix['torch']}) at world sizes "
         f"{', '.join(map(str, matrix['world_sizes']))}: "
         + ", ".join(f"{counts[s]} {s}" for s in CELL_STATUSES)
+        + stacks
     )
     failed = [c for c in matrix["cells"] if c["status"] == CELL_FAIL]
     if failed:
