@@ -92,7 +92,7 @@ def test_the_check_sees_a_cycle_put_off_to_call_time(tmp_path: Path) -> None:
 
 # Private names of the libraries, as the code reaches them (a module alias or an object of theirs).
 PRIVATE = re.compile(
-    r"\b(_pytest(?:\.[a-z_]+)+|_hypothesis_internal_\w+|control\._\w+|c10d\._\w+|Backend\._\w+"
+    r"\b(_pytest(?:\.[a-z_]+)+|_hypothesis_internal_\w+|control\._\w+|(?:distributed_)?c10d\._\w+|Backend\._\w+"
     r"|torch\._C(?:\.\w+)*|dist\._\w+|fixture\._\w+|item\._\w+|reporter\._\w+|config\._benchmark\w*"
     r"|_share_cuda_|hypothesis\.internal(?:\.\w+)*)"
 )

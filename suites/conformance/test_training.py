@@ -35,7 +35,10 @@ def _na_where_refused(request: pytest.FixtureRequest, world_size: int) -> None:
     dims = params["stack"].dims if "stack" in params else params.get("dims", 1)
     if training.mesh_shape(world_size, dims) is None:
         pytest.skip(f"N/A: a {dims}-D (dp, tp) mesh needs an even world size of 4 or more ranks")
-    reason = caps.active().cells.get(params["stack"].cells()[0]) if "stack" in params else ""
+    if "stack" in params:
+        reason = caps.active().cells.get(params["stack"].cells()[0])
+    else:
+        reason = training.missing(training.REDISTRIBUTE)
     if reason:
         pytest.skip(f"N/A: {reason}")
 

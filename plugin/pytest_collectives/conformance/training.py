@@ -4,12 +4,13 @@ tensor parallelism (``parallelize_module``) and DTensor ``redistribute``, on the
 The stacks make calls the plain-operation properties never make (FSDP2's flat all-gather into a buffer its
 input is a view of, its averaged reduce-scatter of gradients, DTensor's placement changes on one and two
 mesh dimensions), so each is checked end to end against one process doing the same work: a small model
-trained a few steps, in float64, on the same batch on every rank. A failure names the step, the parameter
-and the collective that first differs.
+trained a few steps on the same batch on every rank, or a whole tensor placed and read back. A failure
+names the step, the parameter and the collective that first differs.
 
 Each stack is a row of the capability matrix (``fsdp2``, ``tensor_parallel``, ``dtensor_redistribute
-<from> -> <to>``); ``training_cells`` says which rows exist on this torch, and the probe of the live group
-(capabilities.probe) marks as N/A a redistribution DTensor refuses in its own words.
+<from>-><to>``); ``probe``, run on the live group once per world size in a session with training tests
+(conformance/probing.py), says which rows this torch has and marks as N/A a redistribution DTensor refuses
+in its own words.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def mesh(device_type: str, shape: tuple[int, ...]) -> Any:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (dist.distributed_c10d._get_default_group(), device_type, shape)
+    key = (dist.group.WORLD, device_type, shape)
     if key not in _MESHES:
         names = ("dp", "tp") if len(shape) == 2 else None
         _MESHES[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
