@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 import pytest_collectives
 from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import training
-from pytest_collectives.conformance.training import FSDP2, STACKS, TENSOR_PARALLEL, Redistribution
+from pytest_collectives.conformance.training import (
+    FSDP2,
+    STACKS,
+    TENSOR_PARALLEL,
+    FunctionalCall,
+    Redistribution,
+)
 from pytest_collectives.execution.session import item_parameter
 
 pytestmark = [pytest.mark.conformance, pytest.mark.training]
@@ -90,6 +96,21 @@ def test_tensor_parallel_trains_like_one_process(pg, stack):
     got = training.train(model, pg.device, dtype)
     failure = training.first_difference(expected, got, forward, backward, training.BOUNDS[dtype])
     assert failure is None, f"tensor parallel on a {shape} mesh, {failure}"
+
+
+@pytest.mark.world_size()
+@pytest.mark.parametrize("call", [FunctionalCall(name) for name in training.FUNCTIONAL_CALLS], ids=repr)
+def test_functional_collective_gives_the_reference_after_wait_tensor(pg, call):
+    """What tensor parallelism and DTensor call (torch.distributed._functional_collectives), on the default
+    group: each result, read after wait_tensor, is the exact reduction or placement of every rank's input
+    (all_to_all_single with uneven splits, a zero split among them)."""
+    results = training.functional_results(call.name, pg.rank, pg.world_size, pg.group)
+    for i, (got, want) in enumerate(results):
+        assert torch.equal(got.cpu(), want), (
+            f"functional {call.name} on rank {pg.rank} of {pg.world_size}, result {i}: "
+            f"{(got.cpu() != want).sum().item()} of {want.numel()} element(s) differ; got {got.tolist()}, "
+            f"expected {want.tolist()}"
+        )
 
 
 def _redistributions() -> st.SearchStrategy[list[Redistribution]]:

@@ -206,17 +206,18 @@ class CapabilityMatrix:
 TRAINING_STACKS = {
     "fsdp2": "FSDP2",
     "tensor_parallel": "tensor parallel",
+    "functional": "functional collectives",
     "dtensor_redistribute": "DTensor redistribute",
 }
 _WORST_FIRST = (FAIL, KNOWN, UNTESTED, PASS)
 
 
 def training_verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """One line per training stack a run probed: "PASS", "FAIL (1 of 2 meshes N/A)", or for DTensor's
-    placement pairs "182 of 272 placement pairs PASS, 90 N/A"."""
+    """One line per training stack a run probed: "PASS", "FAIL (1 of 2 N/A)", or for DTensor's placement
+    pairs "182 of 272 placement pairs PASS, 90 N/A"."""
     verdicts = {}
     for operation, label in TRAINING_STACKS.items():
-        statuses = [r["status"] for r in rows if r["operation"] == operation]
+        statuses = [r["status"] for r in rows if r["operation"].split(" ")[0] == operation]
         if not statuses:
             continue
         count = {status: statuses.count(status) for status in STATUSES}
@@ -225,7 +226,7 @@ def training_verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
             verdicts[label] = ", ".join([f"{count[PASS]} of {len(statuses)} placement pairs PASS", *others])
             continue
         worst = next((s for s in _WORST_FIRST if count[s]), NA)
-        na = f" ({count[NA]} of {len(statuses)} meshes N/A)" if count[NA] and worst != NA else ""
+        na = f" ({count[NA]} of {len(statuses)} N/A)" if count[NA] and worst != NA else ""
         verdicts[label] = worst + na
     return verdicts
 
