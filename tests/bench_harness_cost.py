@@ -1,0 +1,144 @@
+"""Where a distributed test's time goes, and what it costs beside torch's own pooled base class.
+
+    python tests/bench_harness_cost.py [--tests 400] [--rounds 3]
+
+Every figure is a difference of whole pytest sessions, K tests against one, (T(K) - T(1)) / (K - 1), so what
+a session pays once (start-up, collection of the module, the first group) drops out. The sessions of each
+round alternate between the kinds, so a machine that slows down for a while slows all alike. The kinds:
+
+- ``plain``: a test that takes no ``pg``: pytest's own per-test work;
+- ``empty``: a 2-rank test whose body does nothing: plus the dispatch, the ranks' work before and after the
+  body, and the result's way back;
+- ``all_reduce``: a 2-rank test with one all_reduce of one element: plus the backend call;
+- ``torch``: the same all_reduce in torch's MultiProcContinuousTest (needs the ``expecttest`` package);
+- ``example2``/``example8``: one hypothesis example of an all_reduce test at 2 and 8 ranks, drawn 16 to a
+  dispatch by ``@pytest_collectives.examples``: the body, its check and the ranks' agreement all-reduce.
+
+Printed, never asserted (timings on a shared machine are not a test's business).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODULES = {
+    "plain": """
+import os, pytest
+@pytest.mark.parametrize("i", range(int(os.environ["K"])))
+def test_plain(i):
+    assert i >= 0
+""",
+    "empty": """
+import os, pytest
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("i", range(int(os.environ["K"])))
+def test_empty(pg, i):
+    pass
+""",
+    "all_reduce": """
+import os, pytest, torch, torch.distributed as dist
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("i", range(int(os.environ["K"])))
+def test_all_reduce(pg, i):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+""",
+    "torch": """
+import os, torch, torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+class TinyTest(MultiProcContinuousTest):
+    world_size = 2
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    @classmethod
+    def device_type(cls):
+        return "cpu"
+
+def _test(self):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+
+for _i in range(int(os.environ["K"])):
+    setattr(TinyTest, f"test_all_reduce_{_i}", _test)
+""",
+}
+EXAMPLES = """
+import os, pytest, torch, torch.distributed as dist
+from hypothesis import settings, strategies as st
+import pytest_collectives
+
+@pytest.mark.world_size({n})
+@settings(max_examples=int(os.environ["K"]), database=None, derandomize=True)
+@pytest_collectives.examples(i=st.integers(0, 10**6))
+def test_example(pg, i):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == pg.world_size
+"""
+
+
+def session(directory: Path, kind: str, k: int) -> tuple[float, int]:
+    """Seconds one pytest session takes, and how many examples or tests it ran."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+         f"test_{kind}.py"],
+        cwd=directory, env={**os.environ, "K": str(k)}, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{kind} (K={k}) failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+    # a distributed session's closing line counts what ran on the ranks: "...; 17 distributed examples (...)"
+    counted = [line.split(" distributed examples")[0].split()[-1] for line in done.stdout.splitlines()
+               if " distributed examples" in line]  # fmt: skip
+    return elapsed, int(counted[0]) if counted else k
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tests", type=int, default=400, help="K: tests (or examples) per long session")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kinds", default="plain,empty,all_reduce,torch,example2,example8")
+    args = parser.parse_args()
+    kinds = args.kinds.split(",")
+    directory = Path(tempfile.mkdtemp(prefix="bench-harness-"))
+    for kind in kinds:
+        n = kind.removeprefix("example")
+        text = EXAMPLES.format(n=n) if kind.startswith("example") else MODULES[kind]
+        (directory / f"test_{kind}.py").write_text(text)
+    per_test: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for _ in range(args.rounds):
+        for kind in kinds:
+            one, few = session(directory, kind, 1)
+            many, ran = session(directory, kind, args.tests)
+            per_test[kind].append((many - one) / max(ran - few, 1))
+    print(f"ms per test (examples for exampleN), median of {args.rounds} rounds of K={args.tests} against 1:")
+    median = {kind: statistics.median(values) * 1e3 for kind, values in per_test.items()}
+    for kind in kinds:
+        spread = ", ".join(f"{v * 1e3:.2f}" for v in per_test[kind])
+        print(f"  {kind:<11} {median[kind]:6.2f}   ({spread})")
+    if {"plain", "empty", "all_reduce"} <= set(median):
+        print(f"pytest's own work {median['plain']:.2f} ms; dispatch, the ranks' work around the body and "
+              f"the way back {median['empty'] - median['plain']:.2f} ms; the all_reduce "
+              f"{median['all_reduce'] - median['empty']:.2f} ms")  # fmt: skip
+    if {"all_reduce", "torch"} <= set(median):
+        print(f"plugin / MultiProcContinuousTest: {median['all_reduce'] / median['torch']:.2f}")
+    if {"example2", "example8"} <= set(median):
+        print(f"an example at 8 ranks / at 2 ranks: {median['example8'] / median['example2']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
