@@ -346,7 +346,6 @@ class BaselineGate:
         self._say_machine(result)
         self._say_lists(result)
         regressions = result.flagged
-        machine_wide = result.machine is not None and result.machine.verdict == MACHINE_SLOWDOWN
         if not result.judged:
             self._unarmed(
                 f"the baseline {base.path} holds fewer than {MIN_RUNS} runs of this run's benchmarks "
@@ -365,7 +364,7 @@ class BaselineGate:
             )
         verdicts = [f"{len(regressions)} confirmed regression(s)"] if regressions else []
         verdicts += [f"{len(result.slow_families)} family slowdown(s)"] if result.slow_families else []
-        verdicts += ["a machine-wide slowdown"] if machine_wide else []
+        verdicts += ["a machine-wide slowdown"] if result.machine_wide else []
         if verdicts and opt("fail_on_regression"):
             self.lines.append(f"FAILED: {' and '.join(verdicts)} (--fail-on-regression)")
             self.failed = True
@@ -504,12 +503,12 @@ class BaselineGate:
             confirmed = confirm(row, second[row.name], result.factor, len(flagged), result.threshold)
             rows[rows.index(row)] = confirmed
         result = dataclasses.replace(result, rows=rows)
-        if len(names) == len(flagged):
+        if not (result.slow_families or result.machine_wide):
             return result
         kept = reconfirmed(result, judge(runs, {**now, **second}, self.min_effect, self.tolerance, labels))
         gone = [f"family {f.name}" for f in result.slow_families if f not in kept.slow_families]
-        if kept.machine != result.machine:
-            gone.append(f"a machine-wide slowdown ({result.machine.factor:.2f}x)")  # type: ignore[union-attr]
+        if result.machine_wide and not kept.machine_wide:
+            gone.append(f"a machine-wide slowdown ({result.factor:.2f}x)")
         if gone:
             self.lines.append(
                 f"not seen again when measured a second time, so not a verdict: {', '.join(gone)}"

@@ -126,6 +126,11 @@ class GateResult:
         return [f for f in self.families if f.verdict == REGRESSION]
 
     @property
+    def machine_wide(self) -> bool:
+        """Whether the whole machine ran slower than its tolerance allows."""
+        return self.machine is not None and self.machine.verdict == MACHINE_SLOWDOWN
+
+    @property
     def factor(self) -> float:
         """This run's machine factor; 1 when too few benchmarks to estimate one."""
         return self.machine.factor if self.machine else 1.0
@@ -537,11 +542,10 @@ def resting_on(result: GateResult) -> list[str]:
     """The benchmarks this result's failing verdicts rest on, to be measured again: the flagged ones, the
     members of each slow family, and for a machine-wide slowdown every benchmark judged."""
     slow = {f.name for f in result.slow_families}
-    machine_wide = result.machine is not None and result.machine.verdict == MACHINE_SLOWDOWN
     return [
         r.name
         for r in result.judged
-        if r.verdict == REGRESSION or machine_wide or slow & set(families_of(r.name))
+        if r.verdict == REGRESSION or result.machine_wide or slow & set(families_of(r.name))
     ]
 
 
@@ -554,8 +558,6 @@ def reconfirmed(first: GateResult, again: GateResult) -> GateResult:
         for f in first.families
     ]
     machine = first.machine
-    if machine is not None and machine.verdict == MACHINE_SLOWDOWN and (
-        again.machine is None or again.machine.verdict != MACHINE_SLOWDOWN
-    ):
-        machine = dataclasses.replace(machine, verdict=UNCHANGED)
+    if first.machine_wide and not again.machine_wide:
+        machine = dataclasses.replace(machine, verdict=UNCHANGED)  # type: ignore[arg-type]
     return dataclasses.replace(first, families=families, machine=machine)

@@ -78,10 +78,12 @@ class Nearest:
 
 def nearest(recorded: Iterable[Fingerprint], now: Fingerprint) -> Nearest | None:
     """The recorded fingerprint of ``now``'s backend with the fewest differences (ties: the first id)."""
+    here = topology_id(now)
     candidates = sorted(
-        (len(found), topology_id(fp), found)
+        (len(found), recorded_id, found)
         for fp in recorded
-        if fp.backend == now.backend and topology_id(fp) != topology_id(now)
+        for recorded_id in [topology_id(fp)]
+        if fp.backend == now.backend and recorded_id != here
         for found in [differences(fp, now)]
     )
     return Nearest(candidates[0][1], candidates[0][2]) if candidates else None
