@@ -16,6 +16,8 @@ in its own words.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import itertools
 import re
 from collections.abc import Callable
@@ -35,26 +37,31 @@ LEARNING_RATE = 0.1
 BOUNDS = {torch.float32: 1e-4, torch.float64: 1e-10}
 
 FSDP2, TENSOR_PARALLEL, REDISTRIBUTE = "fsdp2", "tensor_parallel", "dtensor_redistribute"
+FUNCTIONAL = "functional"  # the functional collectives' rows: "functional all_reduce", ...
 # DTensor's own refusal: a placement change it does not offer whatever the backend (its words, 2.5+).
 DTENSOR_REFUSALS = (
     r"Can not redistribute from .* to .*, redistributing to Partial is for internal use only!",
 )
 
 
+# What each API needs public, and the torch that has it: what ``missing`` looks for.
+_DTENSOR = ("torch.distributed.tensor", "DTensor")
+_APIS = {
+    FSDP2: ((("torch.distributed.fsdp", "fully_shard"), _DTENSOR), "2.6"),
+    TENSOR_PARALLEL: ((("torch.distributed.tensor.parallel", "parallelize_module"), _DTENSOR), "2.5"),
+    REDISTRIBUTE: ((_DTENSOR,), "2.5"),
+    FUNCTIONAL: ((("torch.distributed._functional_collectives", "wait_tensor"),), "2.1"),
+}
+
+
 def missing(api: str) -> str | None:
-    """Why this torch can't run ``api`` (fsdp2, tensor_parallel, dtensor_redistribute), or None."""
-    try:
-        if api == FSDP2:
-            from torch.distributed.fsdp import fully_shard  # noqa: F401 - public from torch 2.6
-        elif api == TENSOR_PARALLEL:
-            from torch.distributed.tensor.parallel import parallelize_module  # noqa: F401
-        elif api == FUNCTIONAL:
-            from torch.distributed._functional_collectives import wait_tensor  # noqa: F401
-            return None
-        from torch.distributed.tensor import DTensor  # noqa: F401 - public from torch 2.5
-    except ImportError:
-        needs = "2.6 (torch.distributed.fsdp)" if api == FSDP2 else "2.5 (torch.distributed.tensor)"
-        return f"torch {torch.__version__} has no public {api} API: it needs torch {needs}"
+    """Why this torch can't run ``api`` (a key of _APIS), or None."""
+    needs, since = _APIS[api]
+    for module, name in needs:
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            return f"torch {torch.__version__} has no {module}.{name} ({api}): it needs torch {since}"
     return None
 
 
@@ -200,13 +207,14 @@ def first_difference(
 # DTensor redistribute: every pair of placements on a 1-D and a 2-D mesh
 
 
-def placements(dims: int) -> list[tuple[Any, ...]]:
+@functools.cache
+def placements(dims: int) -> tuple[tuple[Any, ...], ...]:
     """Every placement of ``dims`` mesh dimensions over a 2-D tensor: Shard(0), Shard(1), Replicate,
-    Partial on each."""
+    Partial on each (made once: every example's matrix cell and name index into them)."""
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     one = [Shard(0), Shard(1), Replicate(), Partial()]
-    return list(itertools.product(one, repeat=dims))
+    return tuple(itertools.product(one, repeat=dims))
 
 
 def short(placement: tuple[Any, ...]) -> str:
@@ -258,8 +266,6 @@ def _refused(call: Callable[[], object]) -> str:
 # The functional collectives (torch.distributed._functional_collectives): what tensor parallelism and
 # DTensor call, each result an AsyncCollectiveTensor read after wait_tensor
 
-
-FUNCTIONAL = "functional"  # the rows' prefix: "functional all_reduce", ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,15 +358,17 @@ def probe(world_size: int, device_type: str) -> dict[tuple[str, str, str], str]:
         for source, target in itertools.product(placements(dims), repeat=2):
             cell = pair_cell(source, target)
             found[cell] = ""
-            if any(_partial(t) and not _partial(s) for s, t in zip(source, target, strict=True)):
+            if any(_is_partial(t) and not _is_partial(s) for s, t in zip(source, target, strict=True)):
                 found[cell] = _refused(
                     lambda s=source, t=target, m=device_mesh: distributed(m, s).redistribute(m, list(t))
                 )
     return found
 
 
-def _partial(placement: Any) -> bool:
-    return type(placement).__name__ == "Partial"
+def _is_partial(placement: Any) -> bool:
+    from torch.distributed.tensor import Partial
+
+    return isinstance(placement, Partial)
 
 
 def probe_rows(pg: Any) -> dict[tuple[str, str, str], str]:
