@@ -78,4 +78,4 @@ KNOWN_BUGS = Path(__file__).with_name("known_bugs.json")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    known_bugs.mark(items, settings_of(config).backend, known_bugs.load(KNOWN_BUGS))
+    known_bugs.mark(config, items, settings_of(config).backend, known_bugs.load(KNOWN_BUGS))

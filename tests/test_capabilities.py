@@ -28,6 +28,8 @@ python_backends = pytest.mark.skipif(
     "exc, backend",
     [
         (RuntimeError("Cannot use ReduceOp.BAND with NCCL"), "nccl"),
+        # seen on an H200 (torch 2.11, NCCL 2.28.9): all_reduce of int16 at the first probe
+        (TypeError("Input tensor data type is not supported for NCCL process group: Short"), "nccl"),
         (RuntimeError("Cannot use ReduceOp.PREMUL_SUM with Gloo"), "gloo"),
         (RuntimeError("Invalid scalar type"), "cpu:gloo,cuda:nccl"),
         (ValueError("Backend xccl does not support allgather_coalesced"), "xccl"),
@@ -91,6 +93,11 @@ class _Item:
         pass
 
 
+class _Config:
+    def __init__(self) -> None:
+        self.stash = pytest.Stash()
+
+
 class _Case:
     def __init__(self, *cells):
         self._cells = cells
@@ -124,7 +131,7 @@ def test_matrix_statuses():
     # a test a known-bugs manifest expects to fail: its cells read "known bug", apart from FAIL
     expected = _Item()
     bug = KnownBug(("nccl-like",), "test_y", "AssertionError", "wrong", "drops it", "bugs.json")
-    known_bugs.mark([expected], "nccl-like", [bug])
+    known_bugs.mark(_Config(), [expected], "nccl-like", [bug])
     matrix.pytest_collectives_call_done(
         expected, 2, {"case": _Case(("all_reduce", "int32", "sum"))}, "failed"
     )
@@ -132,6 +139,43 @@ def test_matrix_statuses():
         "all_reduce", "int32", "sum"
     ]
     assert (row["status"], row["known"], row["failed"], row["known_bug"]) == ("known bug", 1, 0, "drops it")
+
+
+def test_cells_a_known_bug_withholds_are_never_drawn_and_read_known_bug():
+    """A manifest entry with cells (patterns): on its backend and world sizes the supported cells they match
+    leave the draws (supports() is False) and the matrix shows them as known bugs with the reason; a
+    refused cell stays N/A, another backend's probe or another world size is untouched, and an xdist
+    worker's export carries them to the controller."""
+    cell, refused_cell = ("all_reduce", "bfloat16", "premul_sum"), ("all_reduce", "int32", "premul_sum")
+    other = ("all_reduce", "bfloat16", "sum")
+    bug = KnownBug(
+        ("nccl",),
+        "test_p",
+        "AssertionError",
+        "got 0",
+        "zeros",
+        "bugs.json",
+        (("*", "*", "premul_sum"),),
+        (2,),
+    )
+    config = _Config()
+    known_bugs.mark(config, [], "nccl", [bug])
+    probed = Capabilities(
+        "nccl", "cuda", 2, {cell: "", other: "", refused_cell: "PreMulSum Data type must be ..."}
+    )
+    assert probed.supports(*cell)
+    found = probed.withholding(known_bugs.withheld(config, "nccl", 2))
+    assert not found.supports(*cell) and found.supports(*other) and found.withheld == {cell: "zeros"}
+    assert probed.withholding(known_bugs.withheld(config, "gloo", 2)).supports(*cell)
+    assert probed.withholding(known_bugs.withheld(config, "nccl", 3)).supports(*cell)  # world_sizes: [2]
+    matrix = CapabilityMatrix(config=None, backend="nccl")
+    matrix.add_probe(found)
+    merged = CapabilityMatrix(config=None, backend="nccl")
+    merged.merge(matrix.export())
+    for m in (matrix, merged):
+        rows = {(r["operation"], r["dtype"], r["reduce_op"]): r for r in m.rows()}
+        assert (rows[cell]["status"], rows[cell]["known_bug"]) == ("known bug", "zeros")
+        assert rows[refused_cell]["status"] == "N/A"
 
 
 def test_gloo_probe_and_matrix_end_to_end(pytester: pytest.Pytester) -> None:
@@ -358,7 +402,7 @@ def test_one_rank_is_a_world_size(pytester: pytest.Pytester) -> None:
     assert outcomes.get("passed", 0) >= 20
     result.stdout.fnmatch_lines(["*1 ranks: *"])
     skips = [line for line in result.stdout.lines if line.startswith("SKIPPED")]
-    assert skips and all("N/A: gloo supports no" in line for line in skips), skips
+    assert skips and all(re.search(r"N/A: gloo (supports no|refuses) ", line) for line in skips), skips
 
 
 @pytest.mark.skipif(

@@ -18,6 +18,7 @@ import pytest
 from helpers import copy_conformance
 
 import pytest_collectives.algorithms.collectives
+from pytest_collectives.conformance.known_bugs import load
 
 # (id, original text, planted text, test file, -k expression)
 MUTANTS = [
@@ -190,3 +191,34 @@ def test_the_unmutated_copy_passes(pytester: pytest.Pytester, tmp_path: Path) ->
             # summing under MAX, or under PREMUL_SUM, which the floor's gloo also accepts there
             ["*operations=('mutant_reduce_scatter_all_gather',)*", "AssertionError: * over * ranks of *"]
         )
+
+
+PREMUL_PLANTED = """
+import sys, types, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import test_all_reduce as suite
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+dist._make_nccl_premul_sum = lambda factor: dist.ReduceOp.SUM  # the planted bug: the factor left out
+pg = types.SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"), backend="gloo")
+try:
+    suite.test_premul_sum_factors(pg, torch.bfloat16)
+except AssertionError as exc:
+    print(exc)
+"""
+
+
+def test_premul_sum_test_catches_a_factor_left_out() -> None:
+    """gloo refuses PREMUL_SUM, so its test is proven on a gloo group of one with PREMUL_SUM planted as a
+    plain SUM (the factor left out, as NCCL's reduce_scatter at one rank does): every call is listed, in
+    the words the NCCL known bug's match expects."""
+    suites = Path(__file__).parents[1] / "suites" / "conformance"
+    run = subprocess.run(
+        [sys.executable, "-c", PREMUL_PLANTED, str(suites)], capture_output=True, text=True, timeout=120
+    )
+    message = run.stdout.strip()
+    head = "premul_sum of bfloat16 over 1 ranks, 15 of 15 calls wrong: "
+    assert message.startswith(head), run.stderr[-2000:]
+    assert "reduce_scatter by scalar 2.0 gives 1.0 at element 0, exact 2.0" in message
+    assert "all_reduce by tensor 0.25 gives 1.0 at element 0, exact 0.25" in message
+    (bug,) = [b for b in load(suites.parent / "known_bugs.json") if b.test == "test_premul_sum_factors"]
+    assert bug.explains(f"AssertionError: {message}")

@@ -73,7 +73,7 @@ _KNOWN_BUGS = pytest.StashKey[list[known_bugs.KnownBug]]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    known_bugs.mark(items, settings_of(config).backend, config.stash.get(_KNOWN_BUGS, []))
+    known_bugs.mark(config, items, settings_of(config).backend, config.stash.get(_KNOWN_BUGS, []))
 
 
 def _expect_groups(config: pytest.Config) -> None:

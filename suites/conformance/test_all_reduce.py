@@ -116,7 +116,7 @@ def test_backend_all_reduce_on_a_strided_view(pg):
 def test_async_all_reduces_in_flight_on_two_groups(pg, case, count, order):
     """Several async all_reduces in flight at once, alternating between the world and a second group of the
     same ranks (a communicator of its own), posted in one order and waited in another: each gives the
-    reference, and once wait() returned its Work is completed with no exception."""
+    reference, and once wait() returned its Work is completed."""
     n = pg.world_size
     groups = [pg.group, pg.new_group(list(range(n)))]
     inputs = [[case.input(pg.seed, r * 64 + k, case.size + k, n) for r in range(n)] for k in range(count)]
@@ -126,12 +126,96 @@ def test_async_all_reduces_in_flight_on_two_groups(pg, case, count, order):
     for k in (k for k in order if k < count):
         works[k].wait()
         assert works[k].is_completed(), f"all_reduce {k + 1} of {count}: wait() returned, not completed"
-        assert works[k].exception() is None, f"all_reduce {k + 1} of {count}: {works[k].exception()}"
     for k, (tensor, x) in enumerate(zip(tensors, inputs, strict=True)):
         try:
             assert_reduced_close(tensor, x, case.op, case.values)
         except AssertionError as exc:
             raise AssertionError(f"all_reduce {k + 1} of {count} in flight (group {k % 2}): {exc}") from None
+
+
+@pytest.mark.world_size()
+def test_work_exception_is_none_once_waited(pg):
+    """Work.exception() of a collective that succeeded is None, as torch documents, async or not."""
+    tensor = torch.ones(8, device=pg.device)
+    work = dist.all_reduce(tensor, async_op=True)
+    work.wait()
+    assert work.exception() is None, f"all_reduce succeeded, yet Work.exception() is {work.exception()!r}"
+    assert torch.equal(tensor, torch.full_like(tensor, pg.world_size))
+
+
+# PREMUL_SUM's factors as FSDP2 makes them: powers of two (1/world size, its divide factors) and others,
+# as a Python scalar or a one-element tensor on the device.
+PREMUL_FACTORS = [("scalar", 2.0), ("scalar", 0.5), ("scalar", 3.0), ("tensor", 2.0), ("tensor", 0.25)]
+
+
+def factor_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch takes a PREMUL_SUM factor tensor in (torch 2.11 refuses others: "expected scalar
+    type Float but found BFloat16"): a complex reduction's real type, float32 for bfloat16."""
+    return torch.float32 if dtype == torch.bfloat16 else dtype.to_real()
+
+
+def premul_input(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """Integers 1 to 4 (and -1 to 1 imaginary parts): with any factor above, every product and partial sum
+    of up to 8 ranks is exact in every floating dtype, bfloat16 included, whatever the order."""
+    index = torch.arange(count, dtype=torch.float64)
+    x = (index + rank) % 4 + 1
+    return torch.complex(x, (index + 2 * rank) % 3 - 1).to(dtype) if dtype.is_complex else x.to(dtype)
+
+
+def premul_call(pg, operation: str, inputs: list[torch.Tensor], op, exact: torch.Tensor):
+    """One PREMUL_SUM call of ``operation`` on this rank's input: (what it gave, what it must give), the
+    latter None where this rank receives nothing (reduce's non-roots)."""
+    n, me = pg.world_size, pg.rank
+    tensor, chunk = inputs[me].to(pg.device, copy=True), len(exact) // n
+    if operation == "all_reduce":
+        dist.all_reduce(tensor, op=op)
+        return tensor, exact
+    if operation == "reduce":
+        dist.reduce(tensor, dst=0, op=op)
+        return tensor, exact if me == 0 else None
+    out = torch.empty(chunk, dtype=tensor.dtype, device=pg.device)
+    dist.reduce_scatter_tensor(out, tensor, op=op)
+    return out, exact[me * chunk : (me + 1) * chunk]
+
+
+@pytest.mark.world_size()
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.complex64, torch.complex128], ids=lambda d: str(d)[6:])
+def test_premul_sum_factors(pg, dtype):
+    """PREMUL_SUM multiplies each rank's input by its factor, then sums: all_reduce, reduce and
+    reduce_scatter_tensor with every factor above, compared bit for bit. Every call is made and the
+    failure lists each wrong one (a call that raises included), so one known bug hides no other. N/A where
+    the backend refuses PREMUL_SUM of this dtype in its own words (gloo refuses it whatever the dtype)."""
+    n, wide = pg.world_size, torch.complex128 if dtype.is_complex else torch.float64
+    inputs = [premul_input(r, 16 * n, dtype) for r in range(n)]
+    wrong, refused, tried = [], set(), 0
+    for kind, factor in PREMUL_FACTORS:
+        scale = (
+            factor
+            if kind == "scalar"
+            else torch.tensor([factor], dtype=factor_dtype(dtype), device=pg.device)
+        )
+        exact = sum(x.to(wide) * factor for x in inputs).to(dtype)
+        for operation in ("all_reduce", "reduce", "reduce_scatter"):
+            what = f"{operation} by {kind} {factor}"
+            try:
+                got, want = premul_call(pg, operation, inputs, dist._make_nccl_premul_sum(scale), exact)
+            except Exception as exc:  # noqa: BLE001 - a refusal, or listed as wrong
+                if refusal(exc, pg.backend):
+                    refused.add(refusal(exc, pg.backend))
+                    continue
+                got, want = None, f"raises {type(exc).__name__}: " + str(exc).split("\n")[0]
+            tried += 1
+            if isinstance(want, str):
+                wrong.append(f"{what} {want}")
+            elif want is not None and not torch.equal(got.cpu(), want):
+                first = int((got.cpu() != want).nonzero()[0, 0])
+                wrong.append(
+                    f"{what} gives {got[first].item()} at element {first}, exact {want[first].item()}"
+                )
+    if not tried:
+        pytest.skip(f"N/A: {pg.backend} refuses PREMUL_SUM of {dtype}: {'; '.join(sorted(refused))}")
+    name, listed = str(dtype).removeprefix("torch."), "; ".join(wrong)
+    assert not wrong, f"premul_sum of {name} over {n} ranks, {len(wrong)} of {tried} calls wrong: {listed}"
 
 
 EXCEPTIONAL = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}

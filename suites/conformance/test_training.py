@@ -104,7 +104,7 @@ def test_functional_collective_gives_the_reference_after_wait_tensor(pg, call):
     """What tensor parallelism and DTensor call (torch.distributed._functional_collectives), on the default
     group: each result, read after wait_tensor, is the exact reduction or placement of every rank's input
     (all_to_all_single with uneven splits, a zero split among them)."""
-    results = training.functional_results(call.name, pg.rank, pg.world_size, pg.group)
+    results = training.functional_results(call.name, pg.rank, pg.world_size, pg.group, pg.device)
     for i, (got, want) in enumerate(results):
         assert torch.equal(got.cpu(), want), (
             f"functional {call.name} on rank {pg.rank} of {pg.world_size}, result {i}: "

@@ -170,8 +170,11 @@ def _full(
 ) -> Tensor:
     """``Values(full)`` of a real dtype: see there."""
     if not dtype.is_floating_point:
-        wide = torch.randint(-(2**63), 2**63 - 1, size, generator=gen, dtype=torch.int64).to(dtype)
-        return torch.where(wide == 0, torch.ones_like(wide), wide)  # 0 is the sentinel
+        wide = torch.randint(-(2**63), 2**63 - 1, size, generator=gen, dtype=torch.int64)
+        # 0 is the sentinel: made nonzero in int64, as torch before 2.13 has no where() of uint16/32/64
+        bits = torch.empty(0, dtype=dtype).element_size() * 8
+        low = wide & ((1 << bits) - 1) if bits < 64 else wide
+        return torch.where(low == 0, wide | 1, wide).to(dtype)
     if op is None or not defined(dtype, op):
         return _any_bits(size, dtype, gen)
     info = torch.finfo(dtype)

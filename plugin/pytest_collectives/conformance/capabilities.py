@@ -10,6 +10,7 @@ name: a check that passes on gloo says nothing about NCCL.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -163,8 +164,9 @@ _REFUSALS: dict[str, list[str]] = {
         # gloo's AVG divides in place: of an integer tensor, torch refuses the cast back
         r"result type Float can't be cast to the desired output type \w+",
     ],
-    # ProcessGroupNCCL's words, from torch's source (not yet seen on a GPU by this project)
+    # ProcessGroupNCCL's words, from torch's source; the first seen on an H200 (torch 2.11, NCCL 2.28.9)
     "nccl": [
+        r"Input tensor data type is not supported for NCCL process group: \w+",  # int16, uint16/32/64
         r"Cannot use ReduceOp\.\w+ with NCCL",
         r"Tensors must be (contiguous|CUDA and dense)",
         r"Cannot use ReduceOp\.AVG with boolean inputs",
@@ -248,10 +250,23 @@ class Capabilities:
     device_type: str
     world_size: int
     cells: dict[Cell, str]
+    # supported cells a known-bugs manifest withholds from the draws (known_bugs.withheld): cell -> reason
+    withheld: dict[Cell, str] = dataclasses.field(default_factory=dict)
 
     def supports(self, operation: str, dtype: torch.dtype | str = NO_OP, op: str = NO_OP) -> bool:
         name = dtype if isinstance(dtype, str) else dtype_name(dtype)
-        return self.cells.get((operation, name, op)) == ""
+        return self.cells.get((operation, name, op)) == "" and (operation, name, op) not in self.withheld
+
+    def withholding(self, known: dict[Cell, str]) -> Capabilities:
+        """These capabilities with the supported cells that match a pattern of ``known`` (operation, dtype
+        and reduce op, each an fnmatch pattern) withheld, each with its first pattern's reason."""
+        cells: dict[Cell, str] = {}
+        for cell in (c for c, refused in self.cells.items() if not refused):
+            reasons = (why for pattern, why in known.items() if all(map(fnmatch.fnmatchcase, cell, pattern)))
+            reason = next(reasons, None)
+            if reason is not None:
+                cells[cell] = reason
+        return dataclasses.replace(self, withheld=cells)
 
     def supports_all(self, cells: Iterable[Cell]) -> bool:
         return all(self.supports(*cell) for cell in cells)

@@ -11,9 +11,18 @@
 test run on one of ``backends`` is a strict xfail: it must fail with the bug, an exception named ``raises``
 whose message ``match`` (a regular expression) finds, on any rank; any other failure fails the test, so a
 new bug in the same test is not swallowed. A fix shows up as XPASS, which fails the run until the entry is
-removed. The suites' own findings are ``suites/known_bugs.json``; a user's
-manifests come from ``--known-bugs PATH`` (or the ini key ``known_bugs``). A manifest that can't be read is
-a one-line usage error naming the file and the entry.
+removed.
+
+A bug of one cell of the capability matrix (one operation, dtype and reduce op: PREMUL_SUM of bfloat16)
+would fail every property test that draws the cell, and a strict xfail of all of them would swallow
+every other finding of theirs. Such an entry names the cells, ``"cells": ["all_reduce bfloat16
+premul_sum"]`` (each part a pattern: ``"* * premul_sum"``), and a test that tries the cells on purpose:
+that test is the strict xfail, the cells are withheld from every other test's draws, and the matrix shows
+them as known bugs. ``"world_sizes": [1]`` limits an entry, its test and its cells, to those world sizes.
+
+The suites' own findings are ``suites/known_bugs.json``; a user's manifests come from ``--known-bugs
+PATH`` (or the ini key ``known_bugs``). A manifest that can't be read is a one-line usage error naming
+the file and the entry.
 """
 
 from __future__ import annotations
@@ -30,9 +39,19 @@ import pytest
 
 from pytest_collectives.errors import OneLineError
 
-__all__ = ["KnownBug", "ManifestError", "expected", "load", "mark", "pytest_runtest_makereport"]
+__all__ = [
+    "KnownBug",
+    "ManifestError",
+    "expected",
+    "load",
+    "mark",
+    "pytest_runtest_makereport",
+    "withheld",
+]
 
 _KEYS = ("backends", "test", "raises", "match", "reason")
+_OPTIONAL = ("cells", "world_sizes")
+Cell = tuple[str, str, str]  # operation, dtype, reduce op: capabilities.Cell
 
 
 class ManifestError(OneLineError):
@@ -47,6 +66,11 @@ class KnownBug:
     match: str  # a regular expression its message must contain
     reason: str
     source: str  # the manifest it came from, named in the xfail reason
+    cells: tuple[Cell, ...] = ()  # patterns of cells withheld from every other test's draws
+    world_sizes: tuple[int, ...] = ()  # where the entry holds; all when empty
+
+    def holds_at(self, world_size: int | None) -> bool:
+        return not self.world_sizes or world_size in self.world_sizes
 
     def explains(self, failure: str) -> bool:
         """Whether a failure's text (the exception, or every failing rank's traceback) holds this bug: a
@@ -55,7 +79,8 @@ class KnownBug:
         return any(re.search(self.match, m.group(1)) for m in pattern.finditer(failure))
 
     def matches(self, item: pytest.Item, backend: str) -> bool:
-        if backend not in self.backends:
+        callspec = getattr(item, "callspec", None)
+        if backend not in self.backends or not self.holds_at(callspec and callspec.params.get("world_size")):
             return False
         if "::" in self.test:
             return fnmatch.fnmatchcase(item.nodeid, self.test)
@@ -77,8 +102,10 @@ def load(path: str | os.PathLike[str]) -> list[KnownBug]:
     bugs = []
     for i, entry in enumerate(entries):
         where = f"known bugs {path}: known_bugs[{i}]"
-        if not isinstance(entry, dict) or set(entry) != set(_KEYS):
-            raise ManifestError(f"{where} must have exactly the keys {', '.join(_KEYS)}")
+        if not isinstance(entry, dict) or not set(_KEYS) <= set(entry) <= {*_KEYS, *_OPTIONAL}:
+            raise ManifestError(
+                f"{where} must have the keys {', '.join(_KEYS)} (and may have cells, world_sizes)"
+            )
         backends = entry["backends"]
         if not (isinstance(backends, list) and backends and all(isinstance(b, str) and b for b in backends)):
             raise ManifestError(f"{where}.backends must be a non-empty list of backend names")
@@ -91,21 +118,42 @@ def load(path: str | os.PathLike[str]) -> list[KnownBug]:
             re.compile(entry["match"])
         except re.error as exc:
             raise ManifestError(f"{where}.match is not a regular expression ({exc})") from None
-        bugs.append(KnownBug(tuple(backends), *(entry[key] for key in _KEYS[1:]), path.name))
+        cells = entry.get("cells", [])
+        if not (isinstance(cells, list) and all(isinstance(c, str) and len(c.split()) == 3 for c in cells)):
+            raise ManifestError(f'{where}.cells must be a list of "operation dtype reduce_op" strings')
+        cells = tuple(tuple(c.split()) for c in cells)
+        sizes = entry.get("world_sizes", [])
+        if not (isinstance(sizes, list) and all(isinstance(n, int) and n > 0 for n in sizes)):
+            raise ManifestError(f"{where}.world_sizes must be a list of world sizes, such as [1]")
+        bugs.append(
+            KnownBug(tuple(backends), *(entry[key] for key in _KEYS[1:]), path.name, cells, tuple(sizes))
+        )
     return bugs
 
 
 _BUGS = pytest.StashKey[list[KnownBug]]()
+_LOADED = pytest.StashKey[list[KnownBug]]()  # every manifest's entries, for the cells they withhold
 
 
-def mark(items: Iterable[pytest.Item], backend: str, bugs: Sequence[KnownBug]) -> None:
+def mark(config: pytest.Config, items: Iterable[pytest.Item], backend: str, bugs: Sequence[KnownBug]) -> None:
     """Make each test a known bug of ``backend`` names a strict xfail, with the manifest's reason."""
+    config.stash.setdefault(_LOADED, []).extend(bugs)
     for item in items:
         for bug in bugs:
             if bug.matches(item, backend):
                 reason = f"known {backend} bug ({bug.source}): {bug.reason}"
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
                 item.stash.setdefault(_BUGS, []).append(bug)
+
+
+def withheld(config: pytest.Config, backend: str, world_size: int) -> dict[Cell, str]:
+    """Patterns of the cells known bugs of ``backend`` withhold from the suites' draws at ``world_size``,
+    each with its bug's reason."""
+    found: dict[Cell, str] = {}
+    for bug in config.stash.get(_LOADED, []):
+        if backend in bug.backends and bug.holds_at(world_size):
+            found.update((cell, bug.reason) for cell in bug.cells if cell not in found)
+    return found
 
 
 def expected(item: pytest.Item) -> list[KnownBug]:

@@ -92,9 +92,11 @@ class CapabilityMatrix:
             # a cell only some world sizes have (a 2-D mesh) is judged where it exists
             reasons = [caps.cells[cell] for caps in self.probes.values() if cell in caps.cells]
             refused = [r for r in reasons if r]
+            withheld = [caps.withheld[cell] for caps in self.probes.values() if cell in caps.withheld]
+            tally.known_bug = tally.known_bug or next(iter(withheld), "")
             if tally.failed:
                 status = FAIL
-            elif tally.known:
+            elif tally.known or withheld:
                 status = KNOWN
             elif tally.passed:
                 status = PASS
@@ -154,6 +156,7 @@ class CapabilityMatrix:
                     "device_type": c.device_type,
                     "world_size": c.world_size,
                     "cells": [[*cell, reason] for cell, reason in c.cells.items()],
+                    "withheld": [[*cell, reason] for cell, reason in c.withheld.items()],
                 }
                 for c in self.probes.values()
             ],
@@ -166,8 +169,10 @@ class CapabilityMatrix:
         from pytest_collectives.conformance.capabilities import Capabilities
 
         for probe in exported["probes"]:
-            cells = {(op, dtype, reduce_op): reason for op, dtype, reduce_op, reason in probe["cells"]}
-            self.add_probe(Capabilities(probe["backend"], probe["device_type"], probe["world_size"], cells))
+            cells, withheld = ({(o, d, r): why for o, d, r, why in probe[k]} for k in ("cells", "withheld"))
+            self.add_probe(
+                Capabilities(probe["backend"], probe["device_type"], probe["world_size"], cells, withheld)
+            )
         for operation, dtype, op, counts in exported["tallies"]:
             tally = self.tallies.setdefault((operation, dtype, op), _Tally())
             tally.passed += counts["passed"]

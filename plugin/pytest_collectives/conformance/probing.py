@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_collectives.conformance import known_bugs
+
 if TYPE_CHECKING:  # torch and hypothesis are imported once a conformance test runs, not when pytest starts
     from pytest_collectives.conformance.capabilities import Capabilities
 
@@ -39,7 +41,8 @@ def capabilities(request: pytest.FixtureRequest, world_size: int) -> Capabilitie
         if any(answer != answers[0] for answer in answers):
             differ = [r for r, answer in enumerate(answers) if answer != answers[0]]
             pytest.fail(f"the ranks' probes disagree on what the backend supports (ranks {differ} vs 0)")
-        probed[world_size] = answers[0]
+        withheld = known_bugs.withheld(request.config, answers[0].backend, world_size)
+        probed[world_size] = answers[0].withholding(withheld)
         matrix = request.config.pluginmanager.get_plugin("collectives-capabilities")
         if matrix is not None:
             matrix.add_probe(probed[world_size])

@@ -162,7 +162,9 @@ class Step:
 
 def train(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> list[Step]:
     """STEPS steps of SGD on the mean squared error, with every parameter read back whole after each."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    # foreach=False: torch 2.11's foreach kernels refuse a mix of DTensor and plain parameters (seen at one
+    # rank under tensor parallelism on an H200), and the update is the same either way
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, foreach=False)
     steps = []
     for step in range(STEPS):
         x, y = batch(step, device, dtype)
@@ -267,7 +269,6 @@ def _refused(call: Callable[[], object]) -> str:
 # DTensor call, each result an AsyncCollectiveTensor read after wait_tensor
 
 
-
 @dataclasses.dataclass(frozen=True)
 class FunctionalCall:
     """One functional collective (a name of ``FUNCTIONAL_CALLS``), on whole-number float32 inputs."""
@@ -293,12 +294,14 @@ def _uneven_splits(sender: int, n: int) -> list[int]:
     return [0 if j == (sender + 1) % n and n > 1 else 1 + (sender + j) % 2 for j in range(n)]
 
 
-def functional_results(name: str, rank: int, n: int, group: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(what ``name`` returned after wait_tensor, what it must be) for each tensor it returns."""
+def functional_results(
+    name: str, rank: int, n: int, group: Any, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(what ``name`` returned on ``device`` after wait_tensor, what it must be) for each tensor returned."""
     import torch.distributed._functional_collectives as funcol
 
-    mine, every = rank_input(rank, n), [rank_input(r, n) for r in range(n)]
-    total = sum(every, torch.zeros_like(mine))
+    mine, every = rank_input(rank, n).to(device), [rank_input(r, n) for r in range(n)]
+    total = sum(every, torch.zeros_like(every[0]))
     if name == "all_reduce":
         pairs = [(funcol.all_reduce(mine, "sum", group), total)]
     elif name == "all_gather_tensor":

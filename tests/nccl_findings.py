@@ -1,0 +1,103 @@
+"""What the suites found on NCCL at one rank, reproduced in one plain process on one GPU, one line each.
+
+    python tests/nccl_findings.py        # needs a CUDA GPU; prints each call and what it gave
+
+The suites' verdicts (suites/known_bugs.json) rest on these; the script shows a backend author the bare
+calls, with no harness between them and the result.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def show(what: str, call, *args) -> None:
+    try:
+        print(f"{what}: {call(*args)}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - what the backend raised is the finding
+        print(f"{what}: raised {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+
+
+def premul(dtype: torch.dtype, factor: float, tensor_factor: bool) -> list:
+    x = torch.tensor([1.0, 2.0, 3.0], device="cuda").to(dtype)
+    scale = torch.tensor([factor], dtype=dtype, device="cuda") if tensor_factor else factor
+    dist.all_reduce(x, op=dist._make_nccl_premul_sum(scale))
+    return x.cpu().tolist()
+
+
+def all_to_all(splits: bool, synchronize: bool) -> list:
+    source, output = torch.arange(1.0, 5.0, device="cuda"), torch.zeros(4, device="cuda")
+    if splits:
+        dist.all_to_all_single(output, source, [4], [4])
+    else:
+        dist.all_to_all_single(output, source)
+    if synchronize:
+        torch.cuda.synchronize()
+    return output.cpu().tolist()
+
+
+def all_to_all_as_the_perf_suite(nbytes: int, splits: list[int], calls: int) -> str:
+    """suites/perf's test_all_to_all at one rank: an uninitialised output, the call timed many times, then
+    once more and read (it read zeros there after the first such test of a session; bare calls above
+    did not)."""
+    count = nbytes // 4
+    source = (torch.arange(count, device="cuda") % 251).float()
+    output = torch.empty(count, device="cuda")
+    for _ in range(calls):
+        dist.all_to_all_single(output, source, splits, splits)
+    output.zero_()
+    dist.all_to_all_single(output, source, splits, splits)
+    wrong = int((output != source).sum())
+    return f"{wrong} of {count} elements wrong" + (f", first {output[:4].tolist()}" if wrong else "")
+
+
+def main() -> None:
+    dist.init_process_group(
+        "nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0)
+    )
+    print(f"torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, {torch.cuda.get_device_name()}")
+    show("all_reduce int16", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16, device="cuda")))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128):
+        for factor in (2.0, 0.5, 3.0):
+            for tensor_factor in (False, True):
+                kind = "tensor" if tensor_factor else "scalar"
+                show(f"premul_sum {dtype} [1,2,3] by {kind} {factor}", premul, dtype, factor, tensor_factor)
+    work = dist.all_reduce(torch.ones(2, device="cuda"), async_op=True)
+    work.wait()
+    show("Work.exception() after wait", work.exception)
+    for trial in range(3):
+        for splits in (False, True):
+            for synchronize in (False, True):
+                show(
+                    f"all_to_all_single [1,2,3,4] try {trial} splits={splits} synchronize={synchronize}",
+                    all_to_all,
+                    splits,
+                    synchronize,
+                )
+    for nbytes in (8, 1024, 1 << 20, 64 << 20):
+        for calls in (1, 1000):
+            show(
+                f"all_to_all_single {nbytes} B after {calls} calls",
+                all_to_all_as_the_perf_suite,
+                nbytes,
+                [nbytes // 4],
+                calls,
+            )
+    start = time.perf_counter()
+    print("new_group([0]) ...", flush=True)
+    group = dist.new_group([0])
+    ones = torch.ones(2, device="cuda")
+    took = time.perf_counter() - start
+    show(
+        f"new_group([0]) took {took:.2f} s; all_reduce of ones on it",
+        lambda: dist.all_reduce(ones, group=group),
+    )
+    print(f"... gives {ones.cpu().tolist()}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
