@@ -93,7 +93,7 @@ class CapabilityMatrix:
             reasons = [caps.cells[cell] for caps in self.probes.values() if cell in caps.cells]
             refused = [r for r in reasons if r]
             withheld = [caps.withheld[cell] for caps in self.probes.values() if cell in caps.withheld]
-            tally.known_bug = tally.known_bug or next(iter(withheld), "")
+            known_bug = tally.known_bug or next(iter(withheld), "")
             if tally.failed:
                 status = FAIL
             elif tally.known or withheld:
@@ -108,8 +108,8 @@ class CapabilityMatrix:
             row.update(passed=tally.passed, failed=tally.failed, known=tally.known)
             if status == NA:
                 row["reason"] = refused[0]
-            if tally.known_bug:
-                row["known_bug"] = tally.known_bug
+            if known_bug:
+                row["known_bug"] = known_bug
             if tally.first_failure:
                 row["first_failure"] = tally.first_failure
             rows.append(row)
