@@ -4,13 +4,14 @@ conformance suites on each and expects the bug caught, with a minimal example na
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
 import torch.distributed as dist
 
-from pytest_collectives.conformance.refbackend import ReferenceBackend, register
+from pytest_collectives.conformance.refbackend import NcclRulesBackend, ReferenceBackend, register
 
 
 class GatherPermutesRanks(ReferenceBackend):
@@ -252,6 +253,45 @@ class ReceivedNanDroppedInSum(ReferenceBackend):
         return work
 
 
+class _GroupLeftOpen:
+    """A group some threads left inside a group call: their calls are checked (refused as before) and
+    taken, and their data never lands (the calls run on copies). Other threads' calls run."""
+
+    def __init__(self, inner: dist.ProcessGroup) -> None:
+        self.inner, self.thread = inner, threading.local()  # as NCCL's group depth: dies with its thread
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.inner, name)
+        if not getattr(self.thread, "left_open", False):
+            return call
+        return lambda *args: call(*map(_copied, args))
+
+
+def _copied(arg: Any) -> Any:
+    if isinstance(arg, torch.Tensor):
+        return arg.clone()
+    return [_copied(a) for a in arg] if isinstance(arg, list) else arg
+
+
+class RefusalLeavesGroupOpen(NcclRulesBackend):
+    """A refused call leaves its thread inside a group call, as NCCL does after a refused all_to_all or
+    batch_isend_irecv (tests/nccl_findings.py): every later call on that thread is taken and moves
+    nothing."""
+
+    name = "mutant_refusal_leaves_group_open"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.inner = _GroupLeftOpen(self.inner)
+
+    def refuse(self, opts: Any) -> None:
+        try:
+            super().refuse(opts)
+        except ValueError:
+            self.inner.thread.left_open = True
+            raise
+
+
 def _sum_for_avg(opts: Any) -> Any:
     if opts.reduceOp == dist.ReduceOp.AVG:
         opts.reduceOp = dist.ReduceOp.SUM
@@ -274,5 +314,6 @@ MUTANTS = [
     UnwrittenOnRankOne,
     CoalescedSumsUnderAnyOp,
     ChannelsLastWrittenContiguous,
+    RefusalLeavesGroupOpen,
 ]
 register(*MUTANTS)

@@ -8,6 +8,8 @@ calls, with no harness between them and the result.
 
 from __future__ import annotations
 
+import multiprocessing
+import threading
 import time
 
 import torch
@@ -52,6 +54,82 @@ def all_to_all_as_the_perf_suite(nbytes: int, splits: list[int], calls: int) -> 
     dist.all_to_all_single(output, source, splits, splits)
     wrong = int((output != source).sum())
     return f"{wrong} of {count} elements wrong" + (f", first {output[:4].tolist()}" if wrong else "")
+
+
+def _int16(n: int = 2) -> torch.Tensor:
+    return torch.ones(n, dtype=torch.int16, device="cuda")
+
+
+# Calls NCCL refuses (int16) made where torch may have opened an NCCL group (ncclGroupStart) first: if the
+# refusal leaves it open, every later call on the thread is deferred, never run (the harness saw outputs
+# left as they were, and new_group hang).
+REFUSALS = {
+    "nothing refused": lambda: None,
+    "all_reduce int16": lambda: dist.all_reduce(_int16()),
+    "all_to_all int16 lists": lambda: dist.all_to_all([_int16(1)], [_int16(1)]),
+    "all_to_all_single int16": lambda: dist.all_to_all_single(_int16(), _int16()),
+    "all_gather uneven int16": lambda: dist.all_gather([_int16(3)], _int16(3)),
+    "batch_isend_irecv int16 to self": lambda: [
+        w.wait()
+        for w in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, _int16(), 0), dist.P2POp(dist.irecv, _int16(), 0)]
+        )
+    ],
+    "coalescing manager int16": lambda: _coalesced(_int16()),
+}
+
+
+def _coalesced(t: torch.Tensor) -> None:
+    with dist.distributed_c10d._coalescing_manager(device=t.device):
+        dist.all_reduce(t)
+
+
+def _after_refusal(name: str, on_a_thread: bool) -> None:
+    """The refusal, on this thread or on one of its own (as the suites' probe makes each call: NCCL's group
+    depth is per thread), then a call and new_group on this one."""
+    dist.init_process_group(
+        "nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0)
+    )
+    refused = []
+
+    def refuse() -> None:
+        torch.cuda.set_device(0)
+        try:
+            REFUSALS[name]()
+            refused.append("ran")
+        except Exception as exc:  # noqa: BLE001 - the refusal is expected; what follows it is the finding
+            refused.append(f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:90]}")
+
+    if on_a_thread:
+        thread = threading.Thread(target=refuse)
+        thread.start()
+        thread.join()
+    else:
+        refuse()
+    where = " on its own thread" if on_a_thread else ""
+    output = torch.zeros(1, device="cuda")
+    dist.all_gather_into_tensor(output, torch.ones(1, device="cuda"))
+    torch.cuda.synchronize()
+    print(f"{name}{where}: {refused[0]}; all_gather after it gives {output.item()} (1.0 ran)", flush=True)
+    start = time.perf_counter()
+    dist.new_group([0])
+    print(f"{name}{where}: new_group([0]) after it took {time.perf_counter() - start:.2f} s", flush=True)
+    dist.destroy_process_group()
+
+
+def refusals_in_fresh_processes() -> None:
+    """Each refusal in a process of its own, so that one that leaves NCCL hung hides none of the others."""
+    context = multiprocessing.get_context("spawn")
+    cases = [(name, False) for name in REFUSALS]
+    cases += [("all_to_all int16 lists", True), ("batch_isend_irecv int16 to self", True)]
+    for name, on_a_thread in cases:
+        process = context.Process(target=_after_refusal, args=(name, on_a_thread))
+        process.start()
+        process.join(timeout=12)
+        if process.is_alive():
+            print(f"{name} (on a thread: {on_a_thread}): still running after 12 s, killed", flush=True)
+            process.kill()
+            process.join()
 
 
 def main() -> None:
@@ -100,4 +178,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    refusals_in_fresh_processes()
     main()

@@ -320,6 +320,58 @@ def test_nccl_rules_leave_bitwise_ops_na_and_the_suite_green(pytester: pytest.Py
     assert any(r["operation"] in rings and r["reduce_op"] in bitwise and r["passed"] for r in rows.values())
 
 
+@python_backends
+def test_the_probe_survives_a_refusal_that_leaves_its_thread_in_a_group_call(
+    pytester: pytest.Pytester,
+) -> None:
+    """NCCL, after a refused all_to_all or batch_isend_irecv, takes every later call on the thread and runs
+    none (tests/nccl_findings.py); so does the mutant, from its first refusal, made by the probe. Each
+    probe call runs on a thread of its own, so the probe's answers and the tests after it are right."""
+    result = run_on_backend(
+        pytester, "mutant_refusal_leaves_group_open", "test_all_reduce.py", "-k", "matches_exact_reference"
+    )
+    result.assert_outcomes(passed=3, skipped=2)
+
+
+@python_backends
+def test_a_group_a_test_left_in_a_group_call_is_replaced_before_the_next_test(
+    pytester: pytest.Pytester,
+) -> None:
+    """A test's own refused call (caught: the test passes) leaves the mutant's group taking calls and
+    running none; the rank says it is unfit, and the next test gets a fresh group."""
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.world_size(2)
+        def test_a_refusal_caught(pg):
+            with pytest.raises(ValueError, match="Cannot use ReduceOp.BAND with NCCL"):
+                dist.all_reduce(torch.ones(1, dtype=torch.int32), op=dist.ReduceOp.BAND)
+
+        @pytest.mark.world_size(2)
+        def test_the_next_sum(pg):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2.0
+        """
+    )
+    result = pytester.runpytest(
+        "--backend-module", "mutant_backends", "--backend", "mutant_refusal_leaves_group_open",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2)
+
+
+def test_only_gloo_is_trusted_after_a_call_raised():
+    from pytest_collectives.execution.rank import unfit_after_raising
+
+    assert unfit_after_raising("nccl", []) == []
+    assert unfit_after_raising("gloo", ["all_to_all"]) == []
+    assert unfit_after_raising("nccl", ["all_to_all", "batch_isend_irecv", "all_to_all"]) == [
+        "all_to_all, batch_isend_irecv raised on nccl, which can leave a backend inside a group call"
+    ]
+
+
 def test_unknown_backend_and_module_are_usage_errors(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--backend", "nosuch")
     result.stderr.fnmatch_lines(["ERROR: --backend nosuch: this torch has no 'nosuch' backend (it has gloo*"])

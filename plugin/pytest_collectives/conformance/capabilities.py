@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import re
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -205,26 +206,43 @@ def probe(pg: Any) -> Capabilities:
     for each supported cell and ``{cell: reason}`` for each refused one. Every rank makes the same calls
     in the same order, so a refusal raised before any data moves leaves the group in step."""
     n, found = pg.world_size, {}
-    for operation, call in {**REDUCTIONS, **DATA_OPERATIONS}.items():
-        ops = REDUCE_OPS if operation in REDUCTIONS else [NO_OP]
+    with_tensors = {**REDUCTIONS, **DATA_OPERATIONS}
+    # send_recv last: a refused batch_isend_irecv leaves NCCL's group coalescing, every later call on it
+    # taken and never run, whatever the thread (tests/nccl_findings.py); a call after it would probe
+    # nothing. The group is replaced after the probe (rank.unfit_after_raising).
+    order = [*(o for o in with_tensors if o != "send_recv"), *_WHOLE_GROUP, "send_recv"]
+    for operation in order:
+        if operation in _WHOLE_GROUP:
+            found[operation, NO_OP, NO_OP] = _attempt(_WHOLE_GROUP[operation], None, n, NO_OP, pg)
+            continue
         for dtype in DTYPES:
             tensor = torch.zeros(n, dtype=dtype, device=pg.device)  # one element per rank
-            for op in ops:
-                found[operation, dtype_name(dtype), op] = _attempt(call, tensor, n, op, pg.backend)
-    for name, call in _WHOLE_GROUP.items():
-        found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP, pg.backend)
+            for op in REDUCE_OPS if operation in REDUCTIONS else [NO_OP]:
+                found[operation, dtype_name(dtype), op] = _attempt(with_tensors[operation], tensor, n, op, pg)
     devices.synchronize(pg.device)
     return Capabilities(pg.backend, pg.device.type, n, found)
 
 
-def _attempt(call: Callable[[Any, int, Any], object], tensor: Any, n: int, op: str, backend: str) -> str:
+def _attempt(call: Callable[[Any, int, Any], object], tensor: Any, n: int, op: str, pg: Any) -> str:
     """The backend's refusal of the call, or an empty string: it went through, or failed another way,
-    which leaves it supported, so the suites draw it and fail on it."""
-    try:
-        call(tensor, n, reduce_op(op) if op != NO_OP else None)
-    except Exception as exc:  # noqa: BLE001 - classified: a refusal or not
-        return refusal(exc, backend) or ""
-    return ""
+    which leaves it supported, so the suites draw it and fail on it.
+
+    Made on a thread of its own: NCCL refuses some calls inside a group call it opened and never closes,
+    and its group depth is per thread, so every later call on that thread would be taken and never run
+    (tests/nccl_findings.py). The thread ends, and the state with it."""
+    answer = [""]
+
+    def attempt() -> None:
+        devices.select(pg.device)
+        try:
+            call(tensor, n, reduce_op(op) if op != NO_OP else None)
+        except Exception as exc:  # noqa: BLE001 - classified: a refusal or not
+            answer[0] = refusal(exc, pg.backend) or ""
+
+    thread = threading.Thread(target=attempt, name="probe-call")
+    thread.start()
+    thread.join()
+    return answer[0]
 
 
 # Operations that take no tensor, called as the others are: (None, n, None).

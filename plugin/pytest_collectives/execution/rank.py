@@ -198,7 +198,7 @@ class _Capture:
                 stream.flush()
 
 
-# --- tracking async ops a test left behind --------------------------------------------------------
+# --- tracking async ops a test left behind, and calls that raised --------------------------------
 
 _ASYNC_OPS = (
     "isend", "irecv", "batch_isend_irecv", "all_reduce", "reduce", "broadcast", "all_gather",
@@ -207,15 +207,21 @@ _ASYNC_OPS = (
     "all_to_all_single", "gather", "scatter", "barrier",
 )  # fmt: skip
 _issued_work: list[Any] = []
+_raised_calls: list[str] = []
 
 
 def _track_async_ops() -> None:
-    """Wrap torch.distributed's async entry points to remember the Work objects they hand out."""
+    """Wrap torch.distributed's async entry points to remember the Work objects they hand out, and which
+    of them raised."""
 
     def tracked(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            result = fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            except Exception:
+                _raised_calls.append(fn.__name__)
+                raise
             if isinstance(result, list):
                 _issued_work.extend(w for w in result if hasattr(w, "is_completed"))
             elif hasattr(result, "is_completed"):
@@ -230,6 +236,16 @@ def _track_async_ops() -> None:
             wrapped = tracked(getattr(c10d, name))
             setattr(c10d, name, wrapped)
             setattr(dist, name, wrapped)
+
+
+def unfit_after_raising(backend: str, raised: list[str]) -> list[str]:
+    """Why a rank whose calls raised can't be trusted with the next test. A refusal can leave a backend
+    inside a group call, every later call taken and none run: NCCL does after a refused all_to_all or
+    batch_isend_irecv (tests/nccl_findings.py), and the next new_group hangs. gloo keeps no such state."""
+    if not raised or backend == "gloo":
+        return []
+    calls = ", ".join(sorted(set(raised)))
+    return [f"{calls} raised on {backend}, which can leave a backend inside a group call"]
 
 
 def _pending_ops() -> int:
@@ -326,6 +342,7 @@ def health(world_size: int, device: torch.device) -> list[str]:
     pending = _pending_ops()
     if pending:
         reasons.append(f"the test left {pending} async op(s) unfinished")
+    reasons += unfit_after_raising(dist.get_backend(), _raised_calls)
     if default_device() != torch.device("cpu"):
         reasons.append(f"the test changed the default device to {default_device()}")
     if torch.get_default_dtype() != torch.float32:
@@ -350,6 +367,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
 
     ``test`` returns the function to call, so that failing to import it is the test's failure too."""
     _issued_work.clear()
+    _raised_calls.clear()
     ctx.seed = task.seed
     seed_everything(task.seed)
     start = time.perf_counter()
