@@ -1,6 +1,8 @@
 """Backends that are wrong on purpose: the reference backend (pytest_collectives.conformance.refbackend)
 with one real-world-shaped bug each, registered as ``mutant_<name>``. tests/test_capabilities.py runs the
-conformance suites on each and expects the bug caught, with a minimal example naming the operation."""
+conformance suites on each and expects the bug caught, with a minimal example naming the operation; or,
+for the two that the suites must survive (a refusal that leaves a group call open, NaN skipped by MIN and
+MAX alike on every rank), the suites passing and the semantics reported."""
 
 from __future__ import annotations
 
@@ -292,6 +294,26 @@ class RefusalLeavesGroupOpen(NcclRulesBackend):
             raise
 
 
+class NanDroppedInMinMax(ReferenceBackend):
+    """all_reduce MIN and MAX of floats skip NaN on every rank alike (fmin/fmax, not min/max): a semantics
+    of its own, the same whichever rank holds the NaN, that the matrix reports and no test fails."""
+
+    name = "mutant_nan_dropped_in_min_max"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        opts = opts or _options.AllreduceOptions()
+        tensor, is_max = tensors[0], opts.reduceOp == dist.ReduceOp.MAX  # RedOpType == ReduceOp is False
+        if not (tensor.is_floating_point() and (is_max or opts.reduceOp == dist.ReduceOp.MIN)):
+            return super().allreduce(tensors, opts)
+        parts = [torch.empty_like(tensor) for _ in range(self.size())]
+        work = super().allgather([parts], [tensor])
+        work.wait()
+        skip = float("-inf") if is_max else float("inf")
+        stacked = torch.stack(parts).nan_to_num(nan=skip, posinf=float("inf"), neginf=float("-inf"))
+        tensor.copy_(stacked.amax(0) if is_max else stacked.amin(0))
+        return work
+
+
 def _sum_for_avg(opts: Any) -> Any:
     if opts.reduceOp == dist.ReduceOp.AVG:
         opts.reduceOp = dist.ReduceOp.SUM
@@ -315,5 +337,6 @@ MUTANTS = [
     CoalescedSumsUnderAnyOp,
     ChannelsLastWrittenContiguous,
     RefusalLeavesGroupOpen,
+    NanDroppedInMinMax,
 ]
 register(*MUTANTS)

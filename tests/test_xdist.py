@@ -133,6 +133,8 @@ def test_two_workers_give_the_capability_matrix_and_counts_of_a_plain_run(tmp_pa
 
     assert statuses("xdist.json") == statuses("serial.json")
     assert statuses("serial.json")["broadcast", "float32", "-"] == "PASS"
+    semantics = [json.loads((tmp_path / n).read_text())["semantics"] for n in ("serial.json", "xdist.json")]
+    assert semantics[0] == semantics[1] and len(semantics[0]) >= 30  # NaN and +-inf: the probe's rows
 
     def examples(out: str) -> str:
         return next(line for line in out.splitlines() if "distributed examples" in line).split("; ")[-1]

@@ -18,7 +18,7 @@ from pytest_collectives import examples
 from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
 from pytest_collectives.conformance import properties
-from pytest_collectives.conformance.capabilities import refusal
+from pytest_collectives.conformance.capabilities import EXCEPTIONAL, refusal
 from pytest_collectives.conformance.cases import (
     FLOATS,
     LARGE_SIZES,
@@ -215,9 +215,6 @@ def test_premul_sum_factors(pg, dtype):
         pytest.skip(f"N/A: {pg.backend} refuses PREMUL_SUM of {dtype}: {'; '.join(sorted(refused))}")
     name, listed = str(dtype).removeprefix("torch."), "; ".join(wrong)
     assert not wrong, f"premul_sum of {name} over {n} ranks, {len(wrong)} of {tried} calls wrong: {listed}"
-
-
-EXCEPTIONAL = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 
 
 def kind_of(x: torch.Tensor) -> list[str]:

@@ -22,17 +22,22 @@ import torch.distributed as dist
 from pytest_collectives import devices
 from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
 from pytest_collectives.algorithms.reference import OPS, reduce_op
+from pytest_collectives.backends import keeps_state_after_a_raise
 
 __all__ = [
     "DATA_OPERATIONS",
+    "AS_TORCH",
     "DTYPES",
+    "EXCEPTIONAL",
     "NO_OP",
     "REDUCE_OPS",
     "REDUCTIONS",
     "Capabilities",
     "Cell",
+    "Semantic",
     "active",
     "dtype_name",
+    "exceptional_semantics",
     "probe",
     "refusal",
     "refuses",
@@ -50,6 +55,7 @@ REDUCE_OPS = list(OPS)
 NO_OP = "-"  # the reduce op of an operation that reduces nothing
 
 Cell = tuple[str, str, str]  # (operation, dtype name, reduce op or NO_OP)
+Semantic = tuple[str, str, str, str]  # (operation, dtype name, reduce op, exceptional value)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -206,30 +212,81 @@ def probe(pg: Any) -> Capabilities:
     for each supported cell and ``{cell: reason}`` for each refused one. Every rank makes the same calls
     in the same order, so a refusal raised before any data moves leaves the group in step."""
     n, found = pg.world_size, {}
-    with_tensors = {**REDUCTIONS, **DATA_OPERATIONS}
-    # send_recv last: a refused batch_isend_irecv leaves NCCL's group coalescing, every later call on it
-    # taken and never run, whatever the thread (tests/nccl_findings.py); a call after it would probe
-    # nothing. The group is replaced after the probe (rank.unfit_after_raising).
-    order = [*(o for o in with_tensors if o != "send_recv"), *_WHOLE_GROUP, "send_recv"]
-    for operation in order:
-        if operation in _WHOLE_GROUP:
-            found[operation, NO_OP, NO_OP] = _attempt(_WHOLE_GROUP[operation], None, n, NO_OP, pg)
-            continue
-        for dtype in DTYPES:
-            tensor = torch.zeros(n, dtype=dtype, device=pg.device)  # one element per rank
-            for op in REDUCE_OPS if operation in REDUCTIONS else [NO_OP]:
-                found[operation, dtype_name(dtype), op] = _attempt(with_tensors[operation], tensor, n, op, pg)
+
+    def probe_each(operations: dict[str, Callable[[Any, int, Any], object]], ops: list[str]) -> None:
+        for operation, call in operations.items():
+            for dtype in DTYPES:
+                tensor = torch.zeros(n, dtype=dtype, device=pg.device)  # one element per rank
+                for op in ops:
+                    found[operation, dtype_name(dtype), op] = _attempt(call, tensor, n, op, pg)
+
+    probe_each(REDUCTIONS, REDUCE_OPS)
+    # before send_recv: a refused batch_isend_irecv leaves NCCL's group coalescing, every later call on it
+    # taken and never run (tests/nccl_findings.py)
+    semantics = exceptional_semantics(pg, found)
+    probe_each(DATA_OPERATIONS, [NO_OP])
+    for name, call in _WHOLE_GROUP.items():
+        found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP, pg)
     devices.synchronize(pg.device)
-    return Capabilities(pg.backend, pg.device.type, n, found)
+    return Capabilities(pg.backend, pg.device.type, n, found, semantics=semantics)
+
+
+EXCEPTIONAL = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+_SEMANTIC_OPS = ("min", "max", "sum", "avg", "product")
+AS_TORCH = "as torch"
+
+
+def _kinds(x: torch.Tensor) -> list[str]:
+    values = x.double().tolist()
+    return ["nan" if v != v else f"{v:+}" if abs(v) == float("inf") else "finite" for v in values]
+
+
+def exceptional_semantics(pg: Any, found: dict[Cell, str]) -> dict[Semantic, str]:
+    """What the backend's all_reduce makes of NaN and +-inf, for each float dtype and reduce op it supports:
+    ``AS_TORCH`` where every element is of the kind (NaN, +inf, -inf or finite) that torch's own reduction
+    on one process gives, else what it gives instead. Not a verdict: a backend may drop NaN in MAX, and a
+    vendor should see that it does (the suites fail only a result that depends on which rank holds it).
+    Element j holds the value on rank j % n alone; the other ranks hold ordinary values."""
+    n, seen = pg.world_size, {}
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        for op in (o for o in _SEMANTIC_OPS if found.get(("all_reduce", dtype_name(dtype), o)) == ""):
+            for value, special in EXCEPTIONAL.items():
+                inputs = [torch.full((n,), 1.0 + r, dtype=dtype) for r in range(n)]
+                for r, x in enumerate(inputs):
+                    x[r] = special
+                tensor = inputs[pg.rank].to(pg.device, copy=True)
+                try:
+                    dist.all_reduce(tensor, op=reduce_op(op))
+                except Exception as exc:  # noqa: BLE001 - what it raised is its semantics
+                    seen["all_reduce", dtype_name(dtype), op, value] = f"raised {type(exc).__name__}"
+                    continue
+                got, want = _kinds(tensor.cpu()), _kinds(_TORCH_REDUCTIONS[op](torch.stack(inputs)))
+                if len(set(got)) > 1:
+                    behaviour = "depends on which rank holds it"
+                elif got == want:
+                    behaviour = AS_TORCH
+                else:
+                    behaviour = f"{got[0]} where torch gives {want[0]}"
+                seen["all_reduce", dtype_name(dtype), op, value] = behaviour
+    return seen
+
+
+_TORCH_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "min": lambda x: x.amin(0),
+    "max": lambda x: x.amax(0),
+    "sum": lambda x: x.sum(0),
+    "avg": lambda x: x.mean(0),
+    "product": lambda x: x.prod(0),
+}
 
 
 def _attempt(call: Callable[[Any, int, Any], object], tensor: Any, n: int, op: str, pg: Any) -> str:
     """The backend's refusal of the call, or an empty string: it went through, or failed another way,
     which leaves it supported, so the suites draw it and fail on it.
 
-    Made on a thread of its own: NCCL refuses some calls inside a group call it opened and never closes,
-    and its group depth is per thread, so every later call on that thread would be taken and never run
-    (tests/nccl_findings.py). The thread ends, and the state with it."""
+    On a backend that may keep state after a raise (backends.py), made on a thread of its own: NCCL
+    refuses some calls inside a group call it never closes, and its group depth is per thread, so every
+    later call on that thread would be taken and never run. The thread ends, and the state with it."""
     answer = [""]
 
     def attempt() -> None:
@@ -239,9 +296,12 @@ def _attempt(call: Callable[[Any, int, Any], object], tensor: Any, n: int, op: s
         except Exception as exc:  # noqa: BLE001 - classified: a refusal or not
             answer[0] = refusal(exc, pg.backend) or ""
 
-    thread = threading.Thread(target=attempt, name="probe-call")
-    thread.start()
-    thread.join()
+    if keeps_state_after_a_raise(pg.backend):
+        thread = threading.Thread(target=attempt, name="probe-call")
+        thread.start()
+        thread.join()
+    else:
+        attempt()
     return answer[0]
 
 
@@ -270,6 +330,8 @@ class Capabilities:
     cells: dict[Cell, str]
     # supported cells a known-bugs manifest withholds from the draws (known_bugs.withheld): cell -> reason
     withheld: dict[Cell, str] = dataclasses.field(default_factory=dict)
+    # what all_reduce makes of NaN and +-inf (exceptional_semantics)
+    semantics: dict[Semantic, str] = dataclasses.field(default_factory=dict)
 
     def supports(self, operation: str, dtype: torch.dtype | str = NO_OP, op: str = NO_OP) -> bool:
         name = dtype if isinstance(dtype, str) else dtype_name(dtype)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch 
     from pytest_collectives.conformance.capabilities import Capabilities, Cell
 
 PASS, FAIL, KNOWN, NA, UNTESTED = "PASS", "FAIL", "known bug", "N/A", "untested"
+AS_TORCH = "as torch"  # capabilities.AS_TORCH: this module loads before torch
 STATUSES = (PASS, FAIL, KNOWN, NA, UNTESTED)
 _MARK = {PASS: "P", FAIL: "F", KNOWN: "K", NA: ".", UNTESTED: "-"}
 _SHORT = {
@@ -125,7 +126,24 @@ class CapabilityMatrix:
             "cells": rows,
         }
         stacks = training_verdicts(rows)
-        return {**doc, "training": stacks} if stacks else doc
+        doc = {**doc, "training": stacks} if stacks else doc
+        semantics = self.semantics()
+        return {**doc, "semantics": semantics} if semantics else doc
+
+    def semantics(self) -> list[dict[str, Any]]:
+        """What all_reduce made of NaN and +-inf, one row per (reduce op, value, dtype), over the world
+        sizes probed (``capabilities.exceptional_semantics``)."""
+        seen: dict[tuple[str, str, str, str], dict[int, str]] = {}
+        for n, caps in sorted(self.probes.items()):
+            for key, behaviour in caps.semantics.items():
+                seen.setdefault(key, {})[n] = behaviour
+        rows = []
+        for (operation, dtype, op, value), by_size in sorted(seen.items()):
+            kinds = set(by_size.values())
+            each = "; ".join(f"{n} ranks: {b}" for n, b in by_size.items())
+            row = {"operation": operation, "dtype": dtype, "reduce_op": op, "value": value}
+            rows.append({**row, "behaviour": kinds.pop() if len(kinds) == 1 else each})
+        return rows
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and not report.skipped and "conformance" in report.keywords:
@@ -157,6 +175,7 @@ class CapabilityMatrix:
                     "world_size": c.world_size,
                     "cells": [[*cell, reason] for cell, reason in c.cells.items()],
                     "withheld": [[*cell, reason] for cell, reason in c.withheld.items()],
+                    "semantics": [[*key, behaviour] for key, behaviour in c.semantics.items()],
                 }
                 for c in self.probes.values()
             ],
@@ -170,8 +189,11 @@ class CapabilityMatrix:
 
         for probe in exported["probes"]:
             cells, withheld = ({(o, d, r): why for o, d, r, why in probe[k]} for k in ("cells", "withheld"))
+            semantics = {(o, d, r, v): what for o, d, r, v, what in probe["semantics"]}
             self.add_probe(
-                Capabilities(probe["backend"], probe["device_type"], probe["world_size"], cells, withheld)
+                Capabilities(
+                    probe["backend"], probe["device_type"], probe["world_size"], cells, withheld, semantics
+                )
             )
         for operation, dtype, op, counts in exported["tallies"]:
             tally = self.tallies.setdefault((operation, dtype, op), _Tally())
@@ -197,6 +219,8 @@ class CapabilityMatrix:
             terminalreporter.write_line(line)
         for stack, verdict in doc.get("training", {}).items():
             terminalreporter.write_line(f"{stack}: {verdict}", red=verdict.startswith(FAIL))
+        for line in semantics_lines(doc.get("semantics", [])):
+            terminalreporter.write_line(line)
         path = self.config.getoption("capability_json")
         if path:
             write_atomic(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -267,7 +291,26 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in (r for r in doc["cells"] if r["status"] == KNOWN):
         text.append(f"- known bug {r['operation']} {r['dtype']} {r['reduce_op']}: {r['known_bug']}")
     text += [f"- {stack}: {verdict}" for stack, verdict in doc.get("training", {}).items()]
+    text += [f"- {line.strip()}" for line in semantics_lines(doc.get("semantics", []))]
     return "\n".join(text) + "\n"
+
+
+def semantics_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How many (reduce op, value, dtype) gave what torch gives, and each that did not, its dtypes
+    together: the backend's semantics of NaN and +-inf, which a vendor reads, not failures."""
+    if not rows:
+        return []
+    same = sum(r["behaviour"] == AS_TORCH for r in rows)
+    lines = [
+        f"NaN and +-inf in all_reduce: {same} of {len(rows)} (reduce op, value, dtype) as torch on one "
+        "process" + (", not the others (the backend's semantics, not failures):" if same < len(rows) else "")
+    ]
+    differ: dict[tuple[str, str, str, str], list[str]] = {}
+    for r in (r for r in rows if r["behaviour"] != AS_TORCH):
+        differ.setdefault((r["operation"], r["reduce_op"], r["value"], r["behaviour"]), []).append(r["dtype"])
+    for (operation, op, value, behaviour), dtypes in sorted(differ.items()):
+        lines.append(f"  {operation} {op} {value}: {behaviour} ({' '.join(map(short_dtype, dtypes))})")
+    return lines
 
 
 def backend_version(backend: str) -> str:

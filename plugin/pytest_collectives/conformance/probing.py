@@ -8,7 +8,8 @@ here is skipped as N/A, saying which.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -38,15 +39,26 @@ def capabilities(request: pytest.FixtureRequest, world_size: int) -> Capabilitie
     probed = request.config.stash.setdefault(_PROBED, {})
     if world_size not in probed:
         answers = run_on_ranks(request.config, world_size, caps.probe)
-        if any(answer != answers[0] for answer in answers):
-            differ = [r for r, answer in enumerate(answers) if answer != answers[0]]
+        if any(answer.cells != answers[0].cells for answer in answers):
+            differ = [r for r, answer in enumerate(answers) if answer.cells != answers[0].cells]
             pytest.fail(f"the ranks' probes disagree on what the backend supports (ranks {differ} vs 0)")
         withheld = known_bugs.withheld(request.config, answers[0].backend, world_size)
-        probed[world_size] = answers[0].withholding(withheld)
+        semantics = _agreed_semantics([answer.semantics for answer in answers])
+        probed[world_size] = dataclasses.replace(answers[0].withholding(withheld), semantics=semantics)
         matrix = request.config.pluginmanager.get_plugin("collectives-capabilities")
         if matrix is not None:
             matrix.add_probe(probed[world_size])
     return probed[world_size]
+
+
+def _agreed_semantics(per_rank: list[dict[Any, str]]) -> dict[Any, str]:
+    """Each rank's view of the backend's semantics, one answer per key: a backend whose ranks end with
+    different results says so here (the suites' own tests fail it)."""
+    agreed = {}
+    for key, first in per_rank[0].items():
+        answers = [ranks.get(key, "") for ranks in per_rank]
+        agreed[key] = first if len(set(answers)) == 1 else "differs between ranks: " + " / ".join(answers)
+    return agreed
 
 
 _TRAINING_PROBED = pytest.StashKey[set[int]]()  # world sizes whose training rows are probed

@@ -43,6 +43,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from pytest_collectives import devices
 from pytest_collectives.algorithms import registry
+from pytest_collectives.backends import keeps_state_after_a_raise
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
 from pytest_collectives.execution.examples import Tally, tallied
 from pytest_collectives.execution.messages import (
@@ -239,10 +240,9 @@ def _track_async_ops() -> None:
 
 
 def unfit_after_raising(backend: str, raised: list[str]) -> list[str]:
-    """Why a rank whose calls raised can't be trusted with the next test. A refusal can leave a backend
-    inside a group call, every later call taken and none run: NCCL does after a refused all_to_all or
-    batch_isend_irecv (tests/nccl_findings.py), and the next new_group hangs. gloo keeps no such state."""
-    if not raised or backend == "gloo":
+    """Why a rank whose calls raised can't be trusted with the next test (backends.py: NCCL can be left
+    inside a group call, every later call taken and none run, and the next new_group hangs)."""
+    if not raised or not keeps_state_after_a_raise(backend):
         return []
     calls = ", ".join(sorted(set(raised)))
     return [f"{calls} raised on {backend}, which can leave a backend inside a group call"]
