@@ -25,8 +25,8 @@ from pytest_collectives.algorithms.reference import OPS, reduce_op
 from pytest_collectives.backends import keeps_state_after_a_raise
 
 __all__ = [
-    "DATA_OPERATIONS",
     "AS_TORCH",
+    "DATA_OPERATIONS",
     "DTYPES",
     "EXCEPTIONAL",
     "NO_OP",
