@@ -38,6 +38,7 @@ __all__ = [
     "active",
     "dtype_name",
     "exceptional_semantics",
+    "kinds",
     "probe",
     "refusal",
     "refuses",
@@ -236,8 +237,9 @@ _SEMANTIC_OPS = ("min", "max", "sum", "avg", "product")
 AS_TORCH = "as torch"
 
 
-def _kinds(x: torch.Tensor) -> list[str]:
-    values = x.double().tolist()
+def kinds(x: torch.Tensor) -> list[str]:
+    """Each element as "nan", "+inf", "-inf" or "finite"."""
+    values = x.detach().cpu().double().tolist()
     return ["nan" if v != v else f"{v:+}" if abs(v) == float("inf") else "finite" for v in values]
 
 
@@ -260,7 +262,7 @@ def exceptional_semantics(pg: Any, found: dict[Cell, str]) -> dict[Semantic, str
                 except Exception as exc:  # noqa: BLE001 - what it raised is its semantics
                     seen["all_reduce", dtype_name(dtype), op, value] = f"raised {type(exc).__name__}"
                     continue
-                got, want = _kinds(tensor.cpu()), _kinds(_TORCH_REDUCTIONS[op](torch.stack(inputs)))
+                got, want = kinds(tensor), kinds(_TORCH_REDUCTIONS[op](torch.stack(inputs)))
                 if len(set(got)) > 1:
                     behaviour = "depends on which rank holds it"
                 elif got == want:
