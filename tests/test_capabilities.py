@@ -268,7 +268,8 @@ MUTANTS = [
 
 
 def copy_suite(directory: Path) -> None:
-    files = ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py", "test_every_cell.py")
+    files = ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py", "test_every_cell.py",
+             "test_layouts.py")
     copy_conformance(directory, files)
 
 
@@ -297,6 +298,21 @@ def test_the_reference_backend_passes_what_its_mutants_fail(pytester: pytest.Pyt
     result = run_on_backend(pytester, "refgloo", *sorted(files), "-k", selections)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= 5, result.stdout.str()[-3000:]
+
+
+@python_backends
+def test_a_layout_written_as_if_dense_fails_the_layout_test(pytester: pytest.Pytester) -> None:
+    """test_layouts.py, proved on a backend that writes all_gather's outputs with dense strides: both
+    layouts fail with the part and the rank named (all_gather_into_tensor: N/A, the Python backends
+    lack it)."""
+    result = run_on_backend(
+        pytester, "mutant_channels_last_written_contiguous", "test_layouts.py", "-k", "all_gather"
+    )
+    result.assert_outcomes(failed=2, skipped=2)
+    result.stdout.fnmatch_lines_random(
+        [f"*AssertionError: {layout} all_gather: rank ?'s part on rank ?: * elements wrong*" for layout in
+         ("strided", "channels_last")]
+    )
 
 
 @python_backends

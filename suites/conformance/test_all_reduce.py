@@ -23,7 +23,6 @@ from pytest_collectives.conformance.cases import (
     FLOATS,
     LARGE_SIZES,
     assert_moved,
-    laid_out,
     large,
     of_the_algorithm,
     reductions,
@@ -90,20 +89,6 @@ def test_async_op_with_wait(pg, case):
     # judged once every rank made both calls: a rank that failed the first would skip the second
     assert_reduced_close(tensor, inputs, case.op, case.values)
     assert_moved(copy, inputs[root], f"broadcast from rank {root} on rank {pg.rank}")
-
-
-@pytest.mark.world_size(2)
-def test_backend_all_reduce_on_a_strided_view(pg):
-    """The backend's own all_reduce must reduce a strided view's elements or refuse the view."""
-    inputs = [rank_input(pg.seed, r, 64, torch.float32) for r in range(pg.world_size)]
-    view = laid_out(inputs[pg.rank], "strided", device=pg.device)
-    try:
-        dist.all_reduce(view)
-    except Exception as exc:
-        if refusal(exc, pg.backend):
-            return  # refusing a layout it can't handle, in its own words, is correct
-        raise
-    assert_reduced_close(view, inputs, "sum")
 
 
 @pytest.mark.world_size()

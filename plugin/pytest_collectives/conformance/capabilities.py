@@ -171,6 +171,9 @@ _REFUSALS: dict[str, list[str]] = {
         r"ProcessGroupGloo does not support \w+",  # reduce_scatter before torch 2.3
         # gloo's AVG divides in place: of an integer tensor, torch refuses the cast back
         r"result type Float can't be cast to the desired output type \w+",
+        # a layout it does not take: all_to_all_single of a strided view, send and recv of any non-dense one
+        r"Tensors must be contiguous",
+        r"input tensor has to be contiguous",
     ],
     # ProcessGroupNCCL's words, from torch's source; the first seen on an H200 (torch 2.11, NCCL 2.28.9)
     "nccl": [

@@ -44,9 +44,10 @@ MEMBERS = st.none() | st.sampled_from(SUBGROUPS)
 # Half the examples hold each dtype's whole range; a failure there shrinks towards integer values (scale 0).
 VALUES = st.builds(Values, kind=st.sampled_from(["small", "full"]), scale=st.integers(-SCALE, SCALE))
 LAYOUTS = ("contiguous", "strided", "offset")
-# gloo gets the backend's own reduce, broadcast and scatter wrong on a strided view, silently, as it does
-# all_reduce (test_backend_all_reduce_on_a_strided_view); until a known-bug manifest can say so per
-# backend, the backend's own calls are drawn dense (contiguous or at a storage offset).
+# Where a test draws values and sizes for the backend's own calls, they come dense (contiguous or at a
+# storage offset): gloo gets five of its calls wrong on a strided view, and one such failure would end the
+# draw before the values reach anything. Every call takes strided and channels_last tensors in
+# test_layouts.py instead, each a row of the known-bug manifest where a backend gets it wrong.
 DENSE = ("contiguous", "offset")
 
 

@@ -1,0 +1,181 @@
+"""Every backend call torch lets take a non-contiguous tensor, given one: a strided view (every other
+element of the last dimension) and a channels_last tensor, as inputs and as outputs.
+
+torch hands these calls the tensor as it is. A backend must read and write the elements in logical order,
+or refuse the layout in its own words (NCCL: "Tensors must be contiguous"). One that reads or writes the
+storage as if it were dense moves the wrong elements, silently (gloo's all_reduce of a strided view,
+pytorch issue 163483 for channels_last). The algorithms under test make their tensors dense first
+(collectives._dense): only here does a layout reach the backend. Where a backend gets a call wrong, the
+known-bug manifest (suites/known_bugs.json) says which, and any other failure of that call still fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
+from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input
+from pytest_collectives.conformance.capabilities import refusal
+from pytest_collectives.conformance.cases import assert_moved, sentinel
+
+pytestmark = pytest.mark.conformance
+
+# (N, C, H, W) with C > 1 and H * W > 1, so that channels_last and contiguous strides differ
+SHAPE = (2, 3, 2, 5)
+DTYPE = torch.float32
+
+
+def arranged(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.Tensor:
+    """``tensor``'s values in ``layout`` on ``device``: never contiguous, whatever the shape."""
+    if layout == "channels_last":
+        return tensor.to(device).contiguous(memory_format=torch.channels_last)
+    buffer = torch.empty(*tensor.shape[:-1], 2 * tensor.shape[-1], dtype=tensor.dtype, device=device)
+    view = buffer[..., ::2]
+    view.copy_(tensor)
+    return view
+
+
+class Call:
+    """One backend call on this rank: the layout's tensors in, and what each output must then hold."""
+
+    def __init__(self, pg, layout: str) -> None:
+        self.n, self.me, self.root = pg.world_size, pg.rank, pg.world_size - 1
+        self.layout, self.device, self.seed = layout, pg.device, pg.seed
+        self.checks: list[Callable[[], None]] = []
+
+    def input(self, rank: int, peer: int = 0, blocks: int = 1) -> torch.Tensor:
+        """What ``rank`` sends ``peer`` (the same on every rank): ``blocks`` of SHAPE along dim 0."""
+        shape = (blocks * SHAPE[0], *SHAPE[1:])
+        return rank_input(self.seed, rank * 16 + peer, shape, DTYPE)
+
+    def laid(self, tensor: torch.Tensor) -> torch.Tensor:
+        return arranged(tensor, self.layout, self.device)
+
+    def output(self, expected: torch.Tensor, what: str) -> torch.Tensor:
+        """A sentinel-filled output in the layout, checked after the call to hold ``expected``'s bits."""
+        out = self.laid(sentinel(expected.shape, DTYPE, "cpu"))
+        self.checks.append(lambda: assert_moved(out, expected, f"{self.layout} {what} on rank {self.me}"))
+        return out
+
+    def reduced(self, tensor: torch.Tensor, inputs: list[torch.Tensor], what: str) -> torch.Tensor:
+        self.checks.append(lambda: _assert_summed(tensor, inputs, f"{self.layout} {what} on rank {self.me}"))
+        return tensor
+
+
+def _assert_summed(actual: torch.Tensor, inputs: list[torch.Tensor], what: str) -> None:
+    try:
+        assert_reduced_close(actual, inputs, "sum")
+    except AssertionError as exc:
+        raise AssertionError(f"{what}: {exc}") from None
+
+
+# Each call as torch documents it, with every tensor it takes in the layout; a check registered per output.
+def _all_reduce(c: Call) -> None:
+    inputs = [c.input(r) for r in range(c.n)]
+    dist.all_reduce(c.reduced(c.laid(inputs[c.me]), inputs, "all_reduce"))
+
+
+def _reduce(c: Call) -> None:
+    inputs = [c.input(r) for r in range(c.n)]
+    tensor = c.laid(inputs[c.me])
+    dist.reduce(c.reduced(tensor, inputs, "reduce") if c.me == c.root else tensor, dst=c.root)
+
+
+def _broadcast(c: Call) -> None:
+    source = c.input(c.root)
+    tensor = c.laid(source) if c.me == c.root else c.output(source, f"broadcast from rank {c.root}")
+    dist.broadcast(tensor, src=c.root)
+
+
+def _all_gather(c: Call) -> None:
+    outputs = [c.output(c.input(r), f"all_gather: rank {r}'s part") for r in range(c.n)]
+    dist.all_gather(outputs, c.laid(c.input(c.me)))
+
+
+def _gather(c: Call) -> None:
+    outputs = None
+    if c.me == c.root:
+        outputs = [c.output(c.input(r), f"gather: rank {r}'s part") for r in range(c.n)]
+    dist.gather(c.laid(c.input(c.me)), outputs, dst=c.root)
+
+
+def _scatter(c: Call) -> None:
+    parts = [c.laid(c.input(c.root, r)) for r in range(c.n)] if c.me == c.root else None
+    dist.scatter(c.output(c.input(c.root, c.me), f"scatter from rank {c.root}"), parts, src=c.root)
+
+
+def _reduce_scatter(c: Call) -> None:
+    output = c.laid(sentinel(SHAPE, DTYPE, "cpu"))
+    c.reduced(output, [c.input(r, c.me) for r in range(c.n)], "reduce_scatter")
+    dist.reduce_scatter(output, [c.laid(c.input(c.me, r)) for r in range(c.n)])
+
+
+def _all_to_all(c: Call) -> None:
+    outputs = [c.output(c.input(r, c.me), f"all_to_all: from rank {r}") for r in range(c.n)]
+    dist.all_to_all(outputs, [c.laid(c.input(c.me, r)) for r in range(c.n)])
+
+
+def _all_gather_into_tensor(c: Call) -> None:
+    output = c.output(torch.cat([c.input(r) for r in range(c.n)]), "all_gather_into_tensor")
+    all_gather_single(output, c.laid(c.input(c.me)))
+
+
+def _reduce_scatter_tensor(c: Call) -> None:
+    output = c.laid(sentinel(SHAPE, DTYPE, "cpu"))
+    c.reduced(output, [c.input(r, c.me) for r in range(c.n)], "reduce_scatter_tensor")
+    reduce_scatter_single(output, c.laid(torch.cat([c.input(c.me, r) for r in range(c.n)])))
+
+
+def _all_to_all_single(c: Call) -> None:
+    output = c.output(torch.cat([c.input(r, c.me) for r in range(c.n)]), "all_to_all_single")
+    dist.all_to_all_single(output, c.laid(torch.cat([c.input(c.me, r) for r in range(c.n)])))
+
+
+def _send_recv(c: Call) -> None:
+    if c.n == 1:
+        pytest.skip("N/A: send/recv needs two ranks or more")
+    source = (c.me - 1) % c.n
+    received = c.output(c.input(source), f"recv from rank {source}")
+    sent = c.laid(c.input(c.me))
+    ops = [dist.P2POp(dist.isend, sent, (c.me + 1) % c.n), dist.P2POp(dist.irecv, received, source)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+# torch's name of each call -> (how it is made, the probe's name for it: N/A where that is refused)
+CALLS: dict[str, tuple[Callable[[Call], None], str]] = {
+    "all_reduce": (_all_reduce, "all_reduce"),
+    "reduce": (_reduce, "reduce"),
+    "broadcast": (_broadcast, "broadcast"),
+    "all_gather": (_all_gather, "all_gather"),
+    "gather": (_gather, "gather"),
+    "scatter": (_scatter, "scatter"),
+    "reduce_scatter": (_reduce_scatter, "reduce_scatter"),
+    "all_to_all": (_all_to_all, "all_to_all"),
+    "all_gather_into_tensor": (_all_gather_into_tensor, "all_gather_single"),
+    "reduce_scatter_tensor": (_reduce_scatter_tensor, "reduce_scatter_single"),
+    "all_to_all_single": (_all_to_all_single, "all_to_all_single"),
+    "send_recv": (_send_recv, "send_recv"),
+}
+
+
+@pytest.mark.world_size()
+@pytest.mark.parametrize("layout", ["strided", "channels_last"])
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.needs(probed)) for name, (_, probed) in CALLS.items()]
+)
+def test_backend_call_in_a_layout(pg, name, layout):
+    """The call moves and reduces the elements in logical order, or refuses the layout in its own words."""
+    call = Call(pg, layout)
+    try:
+        CALLS[name][0](call)
+    except Exception as exc:
+        if reason := refusal(exc, pg.backend):
+            pytest.skip(f"N/A: {pg.backend} refuses {name} of a {layout} tensor: {reason}")
+        raise
+    for check in call.checks:
+        check()
