@@ -9,6 +9,7 @@ left out (the ``planted`` profile) so the time measured is the time to the first
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,7 +21,13 @@ from helpers import copy_conformance
 import pytest_collectives.algorithms.collectives
 from pytest_collectives.conformance.known_bugs import load
 
-# (id, original text, planted text, test file, -k expression)
+# What a reduction's property says of a wrong result (reference.assert_reduced_close), any op and dtype
+WRONG_REDUCTION = r"AssertionError: \w+ over \d ranks of torch\.\w+: \d+ of \d+ elements (differ|exceed)"
+
+# (id, original text, planted text, test file, -k expression, what the first failing rank must end with)
+# The last is the property's own message, or, where the bug makes a call invalid (a message of another
+# size, a peer outside the group, splits that don't cover the input), the error that names that: nothing
+# else counts as caught, neither a hang nor a crash nor an error of the harness itself.
 MUTANTS = [
     (
         "ring-off-by-one-chunk",
@@ -28,6 +35,8 @@ MUTANTS = [
         "chunks[(rank - step - 2) % n]",
         "test_all_reduce.py",
         "mutant_ring_all_reduce",
+        # chunks of one size: wrong values; of two (most sizes), the receiver gets a chunk of the other size
+        rf"{WRONG_REDUCTION}|Received data size doesn't match expected size",
     ),
     (
         "ring-missing-last-step",
@@ -35,6 +44,7 @@ MUTANTS = [
         "range(n - 2):\n            # Chunks are disjoint views",
         "test_all_reduce.py",
         "mutant_ring_all_reduce",
+        WRONG_REDUCTION,
     ),
     (
         "ring-wrong-peer-in-subgroups",
@@ -42,6 +52,7 @@ MUTANTS = [
         "(rank + 1) % n",
         "test_all_reduce.py",
         "mutant_ring_all_reduce or mutant_naive_ring_all_reduce",
+        rf"Global rank \d+ is not part of group|Pair is not connected|{WRONG_REDUCTION}",
     ),
     (
         "rings-wrong-op",
@@ -49,6 +60,7 @@ MUTANTS = [
         "ReduceOp.MIN: lambda acc, x: torch.maximum(acc, x, out=acc)",
         "test_all_reduce.py",
         "mutant_ring_all_reduce or mutant_naive_ring_all_reduce",
+        r"AssertionError: min over \d ranks of torch\.\w+: \d+ of \d+ elements differ",
     ),
     (
         "decomposition-dropped-padding",
@@ -56,6 +68,8 @@ MUTANTS = [
         "pad = 0",
         "test_all_reduce.py",
         "mutant_reduce_scatter_all_gather",
+        # unpadded, the input no world size divides is refused by reduce_scatter_tensor
+        r"Check failed: outputShape\[0\] \* worldSize == inputShape\[0\]",
     ),
     (
         "ring-reduce-scatter-wrong-block",
@@ -63,6 +77,7 @@ MUTANTS = [
         "contribution((rank - t % n) % n, t // n)",
         "test_reduce_scatter.py",
         "mutant_ring_reduce_scatter",
+        WRONG_REDUCTION,
     ),
     (
         "ring-all-gather-receives-into-the-wrong-block",
@@ -70,6 +85,8 @@ MUTANTS = [
         "blocks[(rank - step + 1) % n]",
         "test_reduce_scatter.py",
         "mutant_ring_all_gather",
+        r"AssertionError: mutant_ring_all_gather of \d+ x \d+ torch\.\w+ on group rank \d+, stacked=\w+: "
+        r"\d+ of \d+ elements wrong",
     ),
     (
         "all-to-all-cuts-its-output-by-the-input-splits",
@@ -77,6 +94,8 @@ MUTANTS = [
         "_blocks(work, input_splits, n)",
         "test_operations.py",
         "mutant_pairwise_all_to_all",
+        r"RuntimeError: split_with_sizes expects split_sizes to sum exactly to \d+"
+        r"|AssertionError: mutant_pairwise_all_to_all on group rank \d+, splits",
     ),
     (
         "tree-broadcast-receives-into-a-copy",
@@ -84,6 +103,8 @@ MUTANTS = [
         "dist.recv(work.clone(), src=",
         "test_operations.py",
         "mutant_binomial_tree_broadcast",
+        r"AssertionError: mutant_binomial_tree_broadcast from group rank \d+ seen on group rank \d+: "
+        r"\d+ of \d+ elements wrong",
     ),
     (
         "tree-reduce-folds-into-the-scratch-buffer",
@@ -91,6 +112,7 @@ MUTANTS = [
         "combine(received, work)",
         "test_operations.py",
         "mutant_binomial_tree_reduce",
+        WRONG_REDUCTION,
     ),
     (
         "gemm-reduce-scatter-drops-partial-sum",
@@ -98,8 +120,12 @@ MUTANTS = [
         "partial = upcoming",
         "test_reduce_scatter.py",
         "mutant_gemm_reduce_scatter",
+        r"AssertionError: sum of \d+ GEMMs in torch\.\w+: \d+ of \d+ elements exceed the rounding-error "
+        r"bound",
     ),
 ]
+# The mutants run here, and the control at each of them: a failure of the world size is not a catch.
+WORLD_SIZES = "3,4"
 
 PLANTED_PROFILE = """
 from hypothesis import Phase, settings
@@ -122,18 +148,35 @@ def plant(directory: Path, original: str, planted: str, *test_files: str) -> Non
     copy_conformance(directory, test_files, conftest_extra=PLANTED_PROFILE + REGISTER_MUTANT)
 
 
-@pytest.mark.parametrize("name, original, planted, test_file, select", MUTANTS, ids=[m[0] for m in MUTANTS])
-def test_planted_bug_is_caught(pytester: pytest.Pytester, name, original, planted, test_file, select) -> None:
+def first_failure(output: str) -> str:
+    """The line the first rank to fail ended with: its traceback's last exception, or a crashed rank's last
+    words (``what(): ...``); "" when no rank failed first (a hang alone)."""
+    _, found, rest = output.partition("(first to fail) ====")
+    block = rest.split("\n=====", 1)[0] if found else ""
+    ends = [line.strip() for line in block.splitlines() if re.match(r"(\w[\w.]*: |\s+what\(\): )", line)]
+    return ends[-1] if ends else ""
+
+
+@pytest.mark.parametrize(
+    "name, original, planted, test_file, select, caught_by", MUTANTS, ids=[m[0] for m in MUTANTS]
+)
+def test_planted_bug_is_caught(
+    pytester: pytest.Pytester, name, original, planted, test_file, select, caught_by
+) -> None:
+    """Caught: one test of the mutant's variants fails, and its first failing rank ends with ``caught_by``."""
     plant(pytester.path, original, planted, test_file)
     start = time.monotonic()
     result = pytester.runpytest(
-        test_file, "-x", "-k", select, "--world-sizes", "3,4", "--dist-timeout", "20",
+        test_file, "-x", "-k", select, "--world-sizes", WORLD_SIZES, "--dist-timeout", "20",
         "--hypothesis-profile", "planted", "-p", "no:cacheprovider",
     )  # fmt: skip
     elapsed = time.monotonic() - start
-    outcomes = result.parseoutcomes()
-    print(f"\nplanted bug {name}: caught={outcomes.get('failed', 0) > 0} in {elapsed:.1f} s")
-    assert outcomes.get("failed", 0) >= 1, f"{name} was not caught:\n{result.stdout.str()[-3000:]}"
+    output = result.stdout.str()
+    failed = [line for line in output.splitlines() if line.startswith("FAILED ")]
+    ending = first_failure(output)
+    print(f"\nplanted bug {name}: {failed} in {elapsed:.1f} s, the first failing rank: {ending[:200]}")
+    assert len(failed) == 1 and "-mutant_" in failed[0], f"{name} was not caught:\n{output[-3000:]}"
+    assert re.search(caught_by, ending), f"{name} failed, but not as it must ({caught_by}):\n{output[-3000:]}"
 
 
 # Rank 0 of two gets max(1, 2) = 2 from a correct backend, 1 + 2 = 3 from one that sums under any op.
@@ -176,17 +219,21 @@ def test_the_unmutated_copy_passes(pytester: pytest.Pytester, tmp_path: Path) ->
     files = sorted({m[3] for m in MUTANTS})
     plant(pytester.path, "def all_reduce_direct(", "def all_reduce_direct(", *files)
     honours = gloo_reduce_scatter_honours_op(tmp_path)
-    # every test that selects a mutant above, less the large messages, which take most of the time
-    selection = "mutant_ and not large" if honours else "matches_exact_reference and mutant_reduce_scatter"
+    # every test a mutant above selects, at the same world sizes, large messages included
+    selection = " or ".join(sorted({m[4] for m in MUTANTS}))
+    if not honours:
+        selection = "matches_exact_reference and mutant_reduce_scatter"
     result = pytester.runpytest(
-        *(files if honours else ["test_all_reduce.py"]), "-k", selection, "--world-sizes", "3",
+        *(files if honours else ["test_all_reduce.py"]), "-k", selection, "--world-sizes", WORLD_SIZES,
         "--hypothesis-profile", "planted", "-p", "no:cacheprovider",
     )  # fmt: skip
+    sizes = len(WORLD_SIZES.split(","))
     if honours:
-        # 5 all-reduces, 3 reduce-scatters, 3 GEMM + reduce-scatters, and 2 each of the other four
-        result.assert_outcomes(passed=19)
+        # at each world size: 3 all-reduces (2 rings, 1 decomposition) at small and large sizes, 2 ring
+        # reduce-scatters, 1 ring all-gather, 3 GEMM + reduce-scatters, 1 all-to-all, 1 broadcast, 1 reduce
+        result.assert_outcomes(passed=15 * sizes)
     else:
-        result.assert_outcomes(failed=1)
+        result.assert_outcomes(failed=sizes)
         result.stdout.fnmatch_lines(
             # summing under MAX, or under PREMUL_SUM, which the floor's gloo also accepts there
             ["*operations=('mutant_reduce_scatter_all_gather',)*", "AssertionError: * over * ranks of *"]

@@ -143,3 +143,11 @@ def test_a_result_that_is_another_ops_reduction_says_which(dtype):
     with pytest.raises(AssertionError, match=r"max over 2 ranks") as failed:
         assert_reduced_close(summed + 100, xs, "max")  # no op's result: no hint
     assert "it is the" not in str(failed.value)
+
+
+def test_a_wrong_bool_reduction_is_reported_as_the_reference_sees_it():
+    """The hint's search over other ops compares bools exactly: a bound would subtract them, which torch
+    refuses, and that RuntimeError once replaced the failure (a planted tree reduce: test_planted_bugs)."""
+    xs = [torch.tensor([True, False, True]), torch.tensor([True, True, False])]
+    with pytest.raises(AssertionError, match=r"band over 2 ranks of torch.bool: 2 of 3 elements differ"):
+        assert_reduced_close(torch.tensor([True, True, True]), xs, "band")
