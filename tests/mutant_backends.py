@@ -154,6 +154,18 @@ class Bf16ReducedThroughFp16(ReferenceBackend):
         return super().allreduce(tensors, opts)
 
 
+class MismatchReducedInFloat32(ReferenceBackend):
+    """all_reduce of any floating dtype computes in float32, so a float64 rank and its float32 peers send
+    the same bytes: a dtype that differs between ranks returns silently (pytorch 150248's kind)."""
+
+    name = "mutant_mismatch_reduced_in_float32"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        if tensors[0].dtype == torch.float64:
+            return reduced_through(self, tensors, opts, torch.float32)
+        return super().allreduce(tensors, opts)
+
+
 class Uint8ComparedAsInt8(ReferenceBackend):
     """all_reduce MIN/MAX of uint8 compares the bytes as int8: 200 is less than 1."""
 
@@ -323,6 +335,7 @@ def _sum_for_avg(opts: Any) -> Any:
 MUTANTS = [
     Int64ReducedIn32Bits,
     Bf16ReducedThroughFp16,
+    MismatchReducedInFloat32,
     Uint8ComparedAsInt8,
     AvgRunAsSum,
     SamePeerMessagesSwapped,

@@ -19,6 +19,8 @@ import pytest
 
 from pytest_collectives.atomic import write_atomic
 from pytest_collectives.conformance import known_bugs
+from pytest_collectives.conformance.mismatches import SILENT
+from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
 
 if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
     from pytest_collectives.conformance.capabilities import Capabilities, Cell
@@ -59,9 +61,14 @@ class CapabilityMatrix:
         self.probes: dict[int, Capabilities] = {}
         self.tallies: dict[Cell, _Tally] = {}
         self.ran = 0  # conformance tests that ran (passed or failed), cells or not
+        self.mismatches: dict[tuple[str, str, int], str] = {}  # (operation, kind, world size): behaviour
 
     def add_probe(self, capabilities: Capabilities) -> None:
         self.probes[capabilities.world_size] = capabilities
+
+    def add_mismatch(self, operation: str, kind: str, world_size: int, behaviour: str) -> None:
+        """How ``operation`` ended with a ``kind`` (dtype, shape) differing between ranks (mismatches.py)."""
+        self.mismatches[operation, kind, world_size] = behaviour
 
     def pytest_collectives_call_done(
         self, item: pytest.Item, world_size: int, kwargs: dict[str, Any], verdict: str
@@ -128,7 +135,12 @@ class CapabilityMatrix:
         stacks = training_verdicts(rows)
         doc = {**doc, "training": stacks} if stacks else doc
         semantics = self.semantics()
-        return {**doc, "semantics": semantics} if semantics else doc
+        doc = {**doc, "semantics": semantics} if semantics else doc
+        mismatches = [
+            {"operation": o, "kind": k, "world_size": n, "behaviour": b}
+            for (o, k, n), b in sorted(self.mismatches.items())
+        ]
+        return {**doc, "mismatches": mismatches} if mismatches else doc
 
     def semantics(self) -> list[dict[str, Any]]:
         """What all_reduce made of NaN and +-inf, one row per (reduce op, value, dtype), over the world
@@ -181,6 +193,7 @@ class CapabilityMatrix:
             ],
             "tallies": [[*cell, dataclasses.asdict(t)] for cell, t in self.tallies.items()],
             "ran": self.ran,
+            "mismatches": [[*key, behaviour] for key, behaviour in self.mismatches.items()],
         }
 
     def merge(self, exported: dict[str, Any]) -> None:
@@ -203,6 +216,7 @@ class CapabilityMatrix:
             tally.first_failure = tally.first_failure or counts["first_failure"]
             tally.known_bug = tally.known_bug or counts["known_bug"]
         self.ran += exported["ran"]
+        self.mismatches.update(((o, k, n), b) for o, k, n, b in exported["mismatches"])
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.probes or self.worker:
@@ -219,7 +233,7 @@ class CapabilityMatrix:
             terminalreporter.write_line(line)
         for stack, verdict in doc.get("training", {}).items():
             terminalreporter.write_line(f"{stack}: {verdict}", red=verdict.startswith(FAIL))
-        for line in semantics_lines(doc.get("semantics", [])):
+        for line in semantics_lines(doc.get("semantics", [])) + mismatch_lines(doc.get("mismatches", [])):
             terminalreporter.write_line(line)
         path = self.config.getoption("capability_json")
         if path:
@@ -291,7 +305,8 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in (r for r in doc["cells"] if r["status"] == KNOWN):
         text.append(f"- known bug {r['operation']} {r['dtype']} {r['reduce_op']}: {r['known_bug']}")
     text += [f"- {stack}: {verdict}" for stack, verdict in doc.get("training", {}).items()]
-    text += [f"- {line.strip()}" for line in semantics_lines(doc.get("semantics", []))]
+    extra = semantics_lines(doc.get("semantics", [])) + mismatch_lines(doc.get("mismatches", []))
+    text += [f"- {line.strip()}" for line in extra]
     return "\n".join(text) + "\n"
 
 
@@ -310,6 +325,26 @@ def semantics_lines(rows: list[dict[str, Any]]) -> list[str]:
         differ.setdefault((r["operation"], r["reduce_op"], r["value"], r["behaviour"]), []).append(r["dtype"])
     for (operation, op, value, behaviour), dtypes in sorted(differ.items()):
         lines.append(f"  {operation} {op} {value}: {behaviour} ({' '.join(map(short_dtype, dtypes))})")
+    return lines
+
+
+def mismatch_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How many operations ended in an error when a rank's tensor differed from the others', and each
+    that returned silently: a capability of the backend (some healthy ones do not check), not a failure."""
+    if not rows:
+        return []
+    silent = [r for r in rows if r["behaviour"] == SILENT]
+    sizes = sorted({r["world_size"] for r in rows})
+    lines = [
+        f"cross-rank mismatches ({MISMATCHED}), at {'/'.join(map(str, sizes))} ranks: "
+        f"{len(rows) - len(silent)} of {len(rows)} (operation, dtype or shape) detected"
+        + (", silent in:" if silent else "")
+    ]
+    by_operation: dict[str, list[str]] = {}
+    for r in silent:
+        by_operation.setdefault(r["operation"], []).append(r["kind"])
+    lines += [f"  {operation}: {' and '.join(kinds)}, returned on every rank"
+              for operation, kinds in by_operation.items()]
     return lines
 
 

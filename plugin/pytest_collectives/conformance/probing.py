@@ -33,22 +33,27 @@ _PROBED = pytest.StashKey[dict[int, "Capabilities"]]()  # per world size, for th
 @pytest.fixture(scope="session")
 def capabilities(request: pytest.FixtureRequest, world_size: int) -> Capabilities:
     """What the backend supports at this world size, probed on the live group once per session."""
+    return probed(request.config, world_size)
+
+
+def probed(config: pytest.Config, world_size: int) -> Capabilities:
+    """The probe at ``world_size``, run on the live group the first time it is asked for in a session."""
     from pytest_collectives.conformance import capabilities as caps
     from pytest_collectives.execution.session import run_on_ranks
 
-    probed = request.config.stash.setdefault(_PROBED, {})
-    if world_size not in probed:
-        answers = run_on_ranks(request.config, world_size, caps.probe)
+    found = config.stash.setdefault(_PROBED, {})
+    if world_size not in found:
+        answers = run_on_ranks(config, world_size, caps.probe)
         if any(answer.cells != answers[0].cells for answer in answers):
             differ = [r for r, answer in enumerate(answers) if answer.cells != answers[0].cells]
             pytest.fail(f"the ranks' probes disagree on what the backend supports (ranks {differ} vs 0)")
-        withheld = known_bugs.withheld(request.config, answers[0].backend, world_size)
+        withheld = known_bugs.withheld(config, answers[0].backend, world_size)
         semantics = _agreed_semantics([answer.semantics for answer in answers])
-        probed[world_size] = dataclasses.replace(answers[0].withholding(withheld), semantics=semantics)
-        matrix = request.config.pluginmanager.get_plugin("collectives-capabilities")
+        found[world_size] = dataclasses.replace(answers[0].withholding(withheld), semantics=semantics)
+        matrix = config.pluginmanager.get_plugin("collectives-capabilities")
         if matrix is not None:
-            matrix.add_probe(probed[world_size])
-    return probed[world_size]
+            matrix.add_probe(found[world_size])
+    return found[world_size]
 
 
 def _agreed_semantics(per_rank: list[dict[Any, str]]) -> dict[Any, str]:

@@ -44,6 +44,7 @@ class Task:
     sys_path: list[str]
     hypothesis_inner: bool = False  # call fn.hypothesis.inner_test: the controller runs the engine
     world_size: int = 0  # the ranks it runs on
+    timeout_s: float = 0.0  # how long the ranks get: 0 for the session's --dist-timeout
 
 
 PASSED = "passed"

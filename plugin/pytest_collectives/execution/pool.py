@@ -349,13 +349,14 @@ class GroupPool:
     def run(self, task: Task, world_size: int) -> GroupOutcome:
         lost: list[RankReport] = []
         group = self.group(world_size, lost)
-        outcome, results = group.run(task, self.timeout_s)
+        timeout_s = task.timeout_s or self.timeout_s
+        outcome, results = group.run(task, timeout_s)
         if group.lost:
             # The rank died after its previous test, just past the liveness check: this test never reached
             # it, so it is not this test's failure. Run it once more, whole, on a fresh group.
             lost += group.lost
             group = self.group(world_size)
-            outcome, results = group.run(task, self.timeout_s)
+            outcome, results = group.run(task, timeout_s)
         outcome.replaced.extend(
             f"rank {r.rank} died after the previous test ({r.detail.splitlines()[0]}); "
             "this test ran on a fresh group"

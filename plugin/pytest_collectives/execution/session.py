@@ -84,6 +84,16 @@ def run_on_ranks(config: pytest.Config, world_size: int, fn: Callable[..., Any],
     return config.pluginmanager.get_plugin("collectives-session").run_on_ranks(world_size, fn, kwargs)
 
 
+def outcome_on_ranks(
+    config: pytest.Config, world_size: int, fn: Callable[..., Any], timeout_s: float = 0.0, **kwargs: Any
+) -> GroupOutcome:
+    """``run_on_ranks``' call, its outcome returned whatever it is, a rank's failure, crash or hang (after
+    ``timeout_s``, by default --dist-timeout) included: for a question whose answer is how the ranks end
+    (conformance.mismatches). A group left unfit is replaced before the next call, as after a test."""
+    session = config.pluginmanager.get_plugin("collectives-session")
+    return session.outcome_on_ranks(world_size, fn, kwargs, timeout_s)
+
+
 def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[Any, ...]:
     """A world_size marker's sizes: its own, the configured ones, or for 'max' the largest group the
     session can make (Settings.largest: the SPMD world, every GPU with --gpus, else the largest size)."""
@@ -390,6 +400,14 @@ class DistributedSession:
             record(bench, outcome.benchmark(), context)
 
     def run_on_ranks(self, n: int, fn: Callable[..., Any], kwargs: dict[str, Any]) -> list[Any]:
+        outcome = self.outcome_on_ranks(n, fn, kwargs)
+        if outcome.verdict() != "passed":
+            raise DistributedTestFailure.of(outcome)
+        return [report.returned for report in outcome.ranks]
+
+    def outcome_on_ranks(
+        self, n: int, fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float = 0.0
+    ) -> GroupOutcome:
         name = f"{fn.__module__}.{fn.__qualname__}"
         task = Task(
             nodeid=f"{name} ({n} ranks)",
@@ -400,11 +418,9 @@ class DistributedSession:
             seed=stable_seed_of(name),
             sys_path=list(sys.path),
             world_size=n,
+            timeout_s=timeout_s,
         )
-        outcome = self.launcher.run(task, fn)
-        if outcome.verdict() != "passed":
-            raise DistributedTestFailure.of(outcome)
-        return [report.returned for report in outcome.ranks]
+        return self.launcher.run(task, fn)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201

@@ -1,0 +1,86 @@
+"""Cross-rank mismatches: one rank calls an operation with a tensor of another dtype, or of another length,
+than the others. A backend that checks ends the call in an error (or a crash, or a hang the harness names
+within its deadline); one that does not returns on every rank with whatever the bytes made (NCCL reduces
+mismatched dtypes silently: pytorch issue 150248). Some healthy backends do not check, so this is a
+capability of the backend, reported per operation in the capability matrix (detected or silent), not a
+failure.
+
+The calls are the probe's own (``capabilities.REDUCTIONS`` and ``DATA_OPERATIONS``): the same tiny call,
+with the last rank's tensor float64 where the others' is float32, or twice as long. ``call`` runs on every
+rank; the controller reads the group's outcome with ``behaviour``, a crash or hang included, which the
+pool answers by replacing the group.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pytest_collectives.execution.messages import FAILED, PASSED
+from pytest_collectives.execution.outcome import CRASHED, HUNG, GroupOutcome
+
+KINDS = ("dtype", "shape")
+OPERATIONS = (
+    "all_reduce",
+    "reduce",
+    "reduce_scatter_single",
+    "broadcast",
+    "all_gather",
+    "all_gather_single",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "send_recv",
+)
+SILENT = "silent"
+DETECTED = "detected"
+WHAT = "the last rank's tensor float64 where the others' is float32, or twice as long"
+# A tiny call ends in milliseconds: one still running after this is a hang, named, and its group replaced.
+DEADLINE_S = 5.0
+
+
+def call(pg: Any, operation: str, kind: str) -> None:
+    """On every rank: ``operation`` as the probe makes it, the last rank's tensor differing by ``kind``."""
+    import torch
+    import torch.distributed as dist
+
+    from pytest_collectives.conformance import capabilities as caps
+
+    n, odd = pg.world_size, pg.rank == pg.world_size - 1
+    dtype = torch.float64 if odd and kind == "dtype" else torch.float32
+    numel = 2 * n if odd and kind == "shape" else n
+    calls = {**caps.REDUCTIONS, **caps.DATA_OPERATIONS}
+    calls[operation](torch.ones(numel, dtype=dtype, device=pg.device), n, dist.ReduceOp.SUM)
+
+
+def behaviour(outcome: GroupOutcome) -> str:
+    """``silent`` when every rank returned; else ``detected: <how>``, how the first rank to fail ended."""
+    if outcome.verdict() == PASSED:
+        return SILENT
+    bad = [r for r in outcome.ranks if r.status in (FAILED, CRASHED, HUNG)]
+    first = next((r for r in bad if r.rank == outcome.first_failed), bad[0])
+    if first.status == HUNG:
+        return f"{DETECTED}: rank {first.rank} hung, named after {outcome.timeout_s:g} s"
+    lines = first.detail.strip().splitlines()
+    # a traceback ends with its exception; a crashed rank's last words hold the C++ exception's what()
+    said = [line.strip() for line in lines if re.match(r"(\w[\w.]*: |\s*what\(\): )", line)]
+    how = said[-1] if said else (lines[0] if lines else first.status)
+    if first.status == CRASHED:
+        how = f"crashed ({lines[0] if lines else 'no exit reason'}): {how}"
+    how = re.sub(r"\s+", " ", how)[:200]
+    return f"{DETECTED}: rank {first.rank} {how}"
+
+
+def world_size_for(world_sizes: tuple[int, ...]) -> int | None:
+    """The smallest of the session's world sizes with two ranks or more: a mismatch needs a peer."""
+    return min((n for n in world_sizes if n >= 2), default=None)
+
+
+def healthy_sum(pg: Any) -> float:
+    """On every rank: the sum of ones over the group, which a group left broken would not give."""
+    import torch
+    import torch.distributed as dist
+
+    ones = torch.ones(1, device=pg.device)
+    dist.all_reduce(ones)
+    return ones.item()
