@@ -11,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms.reference import (
+    PREMUL_FACTOR,
     SCALE,
     Values,
     assert_reduced_close,
+    error_bound,
     rank_input,
     reduce_reference,
 )
@@ -118,7 +120,7 @@ def first_dropped(xs: list[torch.Tensor]) -> torch.Tensor:
     [
         (through_float16, torch.bfloat16, True),  # overflows only past float16's range
         (in_32_bits, torch.int64, True),  # small values fit 32 bits
-        (first_dropped, torch.bfloat16, False),  # small values catch it on most elements, full ones on all
+        (first_dropped, torch.bfloat16, False),  # small values catch it on every element too (the bound)
     ],
     ids=["bf16-through-fp16", "int64-in-32-bits", "one-contribution-dropped"],
 )
@@ -130,6 +132,9 @@ def test_full_values_catch_what_small_ones_pass(bug, dtype, small_passes):
     small = [rank_input(3, r, 512, dtype) for r in range(8)]
     if small_passes:  # what the suite passed before its inputs reached the bug
         assert_reduced_close(bug(small), small, "sum")
+    else:  # random mantissas, held to the rounding bound: tight enough to flag every element
+        with pytest.raises(AssertionError, match="sum over 8 ranks of torch.* 512 of 512 elements"):
+            assert_reduced_close(bug(small), small, "sum")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
@@ -151,3 +156,44 @@ def test_a_wrong_bool_reduction_is_reported_as_the_reference_sees_it():
     xs = [torch.tensor([True, False, True]), torch.tensor([True, True, False])]
     with pytest.raises(AssertionError, match=r"band over 2 ranks of torch.bool: 2 of 3 elements differ"):
         assert_reduced_close(torch.tensor([True, True, True]), xs, "band")
+
+
+def _tree_sum(terms: list[torch.Tensor], splits: list[int]) -> torch.Tensor:
+    """The terms summed by a binary tree whose shape ``splits`` draws, each addition rounded to the dtype:
+    a chain (a ring, recursive summation), a balanced tree (recursive halving) and everything between."""
+    if len(terms) == 1:
+        return terms[0]
+    cut = 1 + splits[len(terms) % len(splits)] % (len(terms) - 1)
+    return _tree_sum(terms[:cut], splits[1:] or splits) + _tree_sum(terms[cut:], splits[1:] or splits)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.complex64]),
+    op=st.sampled_from(["sum", "avg", "premul_sum"]),
+    n=st.integers(2, 8),
+    seed=st.integers(0, 2**16),
+    order=st.permutations(range(8)),
+    splits=st.lists(st.integers(0, 7), min_size=1, max_size=8),
+    avg=st.sampled_from(["divide", "reciprocal", "prescale", "wide"]),
+)
+def test_every_summation_order_a_backend_may_take_stays_within_the_bound(
+    dtype, op, n, seed, order, splits, avg
+):
+    """The bound is rigorous: a sum in any order and tree, rounded at each addition (or accumulated in
+    float64 and rounded once), AVG divided, multiplied by a rounded 1/n or pre-scaled, and PREMUL_SUM's
+    factor applied first, all lie within it; tight as it is (one contribution left out fails everywhere)."""
+    xs = [rank_input(seed, r, 257, dtype) for r in range(n)]
+    terms = [xs[i] for i in order if i < n]
+    if op == "premul_sum":
+        terms = [t * PREMUL_FACTOR for t in terms]
+    if op == "avg" and avg == "prescale":
+        terms = [t / n for t in terms]
+    if avg == "wide":
+        got = sum(t.to(torch.complex128 if dtype.is_complex else torch.float64) for t in terms).to(dtype)
+    else:
+        got = _tree_sum(terms, splits)
+    if op == "avg" and avg != "prescale":
+        got = got * torch.tensor(1 / n, dtype=dtype) if avg == "reciprocal" else got / n
+    error = (got.to(torch.complex128 if dtype.is_complex else torch.float64) - reduce_reference(xs, op)).abs()
+    assert (error <= error_bound(xs, op)).all()

@@ -262,15 +262,19 @@ def error_bound(inputs: Sequence[Tensor], op: str) -> Tensor:
     """Elementwise bound (float64, on CPU) on |collective result - ``reduce_reference(inputs, op)``|.
 
     Zero where the result must be exact: integer and bool dtypes, MIN and MAX. For floating dtypes, with
-    n = len(inputs), S = sum_i |x_i| and E = |exact result|:
+    n = len(inputs), S = sum_i |x_i|, E = |exact result|, u the unit roundoff (eps / 2) and
+    g_k = k u / (1 - k u) (Higham's gamma: a sum of n terms in any order or tree, each addition rounded
+    to the dtype, is off by at most g_(n-1) S, Higham 4.2):
 
-    - SUM: (n - 1) eps S + u E.
-    - AVG: eps S / n + (n - 1) eps S / n + u E = eps S + u E: the sum's error divided by n, plus either
-      the rounding of each x_i / n (backends that pre-scale) or of the final division.
+    - SUM: g_(n-1) S + u E (the u E for a backend that accumulates wider and rounds once at the end).
+    - PREMUL_SUM: g_n S f + u E: each x_i f rounds once more before the sum.
+    - AVG: (g_(n-1) + 2 u) S / n + 2 u E: the sum's error divided by n, each x_i / n rounded where a
+      backend pre-scales, and a division or a multiplication by a rounded 1 / n at the end.
     - PRODUCT: ((n - 1) eps + u) E: each of the n - 1 multiplications adds a relative error u.
 
-    The float64 reference is itself a float64 reduction, so eps64 = ``finfo(float64).eps`` joins eps
-    in the (n - 1) terms; it only matters for float64 inputs, where it doubles the bound.
+    Tight enough that one rank's contribution left out fails on every element at up to 8 ranks, bfloat16
+    included (tests/test_values.py). The float64 reference is itself a float64 reduction, so
+    (n - 1) eps64 S joins every bound; it only matters for float64 inputs.
     """
     expected = reduce_reference(inputs, op)
     dtype, n = inputs[0].dtype, len(inputs)
@@ -283,11 +287,16 @@ def error_bound(inputs: Sequence[Tensor], op: str) -> Tensor:
         per_step = 2 * (eps + eps64) if dtype.is_complex else eps + eps64
         return ((n - 1) * per_step + eps / 2) * exact
     spread = torch.stack([x.detach().cpu().to(_wide(dtype)).abs() for x in inputs]).sum(0)
+    u, reference = eps / 2, (n - 1) * eps64 * spread
+
+    def gamma(k: int) -> float:
+        return k * u / (1 - k * u)
+
     if op == "premul_sum":
-        spread = spread * PREMUL_FACTOR
+        return gamma(n) * spread * PREMUL_FACTOR + reference * PREMUL_FACTOR + u * exact
     if op == "avg":
-        return (eps + (n - 1) * eps64 / n) * spread + eps / 2 * exact
-    return (n - 1) * (eps + eps64) * spread + eps / 2 * exact
+        return ((gamma(n - 1) + 2 * u) * spread + reference) / n + 2 * u * exact
+    return gamma(n - 1) * spread + reference + u * exact
 
 
 def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str, values: Values = SMALL) -> None:
