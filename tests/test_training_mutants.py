@@ -26,6 +26,12 @@ MUTANTS = [
         "all_gather_single into FSDP2's flat buffer (each rank's input a view of its own slice)",
     ),
     (
+        "uint8_all_gather_swaps_two_ranks",
+        "fsdp2 and 1d and uint8",
+        "*FSDP2 in float32 on a (3,) mesh, step 0: loss * the forward pass differs; suspect "
+        "all_gather_single into FSDP2's flat buffer (*), as uint8 bytes (a unit whose parameters differ*",
+    ),
+    (
         "functional_all_reduce_returns_before_the_data",
         "tensor_parallel and 1d",
         "*tensor parallel on a (3,) mesh, step 0: loss * suspect all_reduce of RowwiseParallel's partial "

@@ -39,6 +39,24 @@ def all_gather_ignores_an_aliased_input() -> None:
     dist.all_gather_single = clobbering
 
 
+def uint8_all_gather_swaps_two_ranks() -> None:
+    """all_gather of bytes (uint8) puts rank 0's part where rank 1's goes and the other way round, a
+    backend's byte path computing offsets wrongly: FSDP2's units of mixed dtypes gather the wrong shards."""
+    original = dist.all_gather_single
+
+    @functools.wraps(original)
+    def swapping(output: torch.Tensor, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        work = original(output, input, *args, **kwargs)
+        if output.dtype == torch.uint8:
+            if work is not None:
+                work.wait()
+            parts = output.view(-1).view(dist.get_world_size(kwargs.get("group")), -1)
+            parts[[0, 1]] = parts[[1, 0]].clone()
+        return work
+
+    dist.all_gather_single = swapping
+
+
 def functional_all_reduce_returns_before_the_data() -> None:
     """funcol.all_reduce hands back this rank's own input, as a wait_tensor that returned before the data
     arrived would: tensor parallelism's row-wise outputs are each rank's partial sums."""
@@ -73,6 +91,7 @@ MUTANTS = {
     for f in (
         avg_reduce_scatter_run_as_sum,
         all_gather_ignores_an_aliased_input,
+        uint8_all_gather_swaps_two_ranks,
         functional_all_reduce_returns_before_the_data,
         redistribute_drops_an_uneven_last_shard,
     )

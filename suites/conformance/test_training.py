@@ -31,6 +31,7 @@ FSDP2_BACKWARD = {
     torch.float64: "reduce_scatter_single with SUM between FSDP2's divisions of float64 gradients",
 }
 HSDP = ", or the all_reduce across the replicate dimension (HSDP)"
+FSDP2_UINT8 = ", as uint8 bytes (a unit whose parameters differ in dtype)"
 TP_FORWARD = "all_reduce of RowwiseParallel's partial outputs"
 TP_BACKWARD = "all_reduce of ColwiseParallel's input gradients"
 
@@ -67,12 +68,14 @@ def _tensor_parallel(model: torch.nn.Module, device_mesh) -> torch.nn.Module:  #
 @pytest.mark.world_size()
 @pytest.mark.parametrize("stack", [s for s in STACKS if s.name == FSDP2], ids=repr)
 def test_fsdp2_trains_like_one_process(pg, stack):
-    """fully_shard on each layer and the model, on every rank (1-D) or as HSDP on (replicate, shard)."""
+    """fully_shard on each layer and the model, on every rank (1-D) or as HSDP on (replicate, shard); with
+    a frozen bfloat16 parameter in the last layer's unit, whose parameters FSDP2 then all-gathers as uint8."""
     device_mesh = training.mesh(pg.device.type, training.mesh_shape(pg.world_size, stack.dims))
-    dtype = stack.torch_dtype()
-    expected = training.train(training.tiny_model(pg.device, dtype), pg.device, dtype)
-    model = _sharded(training.tiny_model(pg.device, dtype), device_mesh)
-    forward, backward = FSDP2_FORWARD, FSDP2_BACKWARD[dtype] + (HSDP if stack.dims == 2 else "")
+    dtype, frozen = stack.torch_dtype(), stack.frozen_dtype()
+    expected = training.train(training.tiny_model(pg.device, dtype, frozen=frozen), pg.device, dtype)
+    model = _sharded(training.tiny_model(pg.device, dtype, frozen=frozen), device_mesh)
+    forward = FSDP2_FORWARD + (FSDP2_UINT8 if frozen else "")
+    backward = FSDP2_BACKWARD[dtype] + (HSDP if stack.dims == 2 else "")
     got = training.train(model, pg.device, dtype)
     failure = training.first_difference(expected, got, forward, backward, training.BOUNDS[dtype])
     assert failure is None, f"FSDP2 in {stack.dtype} on a {tuple(device_mesh.mesh.shape)} mesh, {failure}"

@@ -74,15 +74,22 @@ class Stack:
     name: str  # FSDP2, TENSOR_PARALLEL
     dims: int  # 1: every rank on one dimension; 2: (dp, tp), where the world size splits so
     dtype: str = "float32"
+    # A frozen parameter of this dtype beside the trainable ones of a unit: FSDP2 then all-gathers the
+    # unit's parameters as uint8 bytes (the path mixed dtypes take, float8 training's among them).
+    frozen: str = ""
 
     def cells(self) -> tuple[tuple[str, str, str], ...]:
-        return ((self.name, self.dtype, f"{self.dims}-D mesh"),)
+        label = f"{self.dims}-D mesh" + (", uint8 all-gather" if self.frozen else "")
+        return ((self.name, self.dtype, label),)
 
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
+    def frozen_dtype(self) -> torch.dtype | None:
+        return getattr(torch, self.frozen) if self.frozen else None
+
     def __repr__(self) -> str:
-        return f"{self.name}-{self.dims}d-{self.dtype}"
+        return f"{self.name}-{self.dims}d-{self.dtype}" + ("-uint8" if self.frozen else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,14 +140,32 @@ def mesh_shape(world_size: int, dims: int) -> tuple[int, ...] | None:
 # Training: one model, one batch per step, every rank and the single process alike
 
 
-def tiny_model(device: torch.device, dtype: torch.dtype, hidden: int = 32) -> torch.nn.Sequential:
-    """Three linear layers, 16 -> hidden -> hidden -> 4, with the same weights wherever it is built.
+class ScaledLinear(torch.nn.Linear):
+    """A linear layer whose output is scaled by a frozen parameter of another dtype (``frozen``)."""
+
+    def __init__(self, fan_in: int, fan_out: int, dtype: torch.dtype, frozen: torch.dtype) -> None:
+        super().__init__(fan_in, fan_out, dtype=dtype)
+        scale = torch.linspace(0.5, 2.0, fan_out, dtype=frozen)  # exact in bfloat16 and wider
+        self.scale = torch.nn.Parameter(scale, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.scale.to(x.dtype)
+
+
+def tiny_model(
+    device: torch.device, dtype: torch.dtype, hidden: int = 32, frozen: torch.dtype | None = None
+) -> torch.nn.Sequential:
+    """Three linear layers, 16 -> hidden -> hidden -> 4, with the same weights wherever it is built; with
+    ``frozen``, the last scaled by a frozen parameter of that dtype (Stack.frozen).
     (Tensor parallelism needs a ``hidden`` its dimension divides: torch 2.13's ColwiseParallel then
     RowwiseParallel fail on uneven shards, "a and b must have same reduction dim".)"""
     generator = torch.Generator().manual_seed(0)
     layers: list[torch.nn.Module] = []
     for i, (fan_in, fan_out) in enumerate([(16, hidden), (hidden, hidden), (hidden, 4)]):
-        linear = torch.nn.Linear(fan_in, fan_out, dtype=dtype)
+        if i == 2 and frozen is not None:
+            linear = ScaledLinear(fan_in, fan_out, dtype, frozen)
+        else:
+            linear = torch.nn.Linear(fan_in, fan_out, dtype=dtype)
         with torch.no_grad():
             linear.weight.copy_(torch.randn(fan_out, fan_in, generator=generator, dtype=dtype) / fan_in**0.5)
             linear.bias.copy_(torch.randn(fan_out, generator=generator, dtype=dtype) / 10)
@@ -338,6 +363,7 @@ FUNCTIONAL_CALLS = (
 # FSDP2 in both of its gradient reductions; tensor parallelism in the dtype models train in.
 STACKS = (
     *(Stack(FSDP2, dims, dtype) for dims in (1, 2) for dtype in ("float32", "float64")),
+    Stack(FSDP2, 1, "float32", frozen="bfloat16"),
     *(Stack(TENSOR_PARALLEL, dims) for dims in (1, 2)),
 )
 
