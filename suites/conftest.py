@@ -50,6 +50,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     for flag, cpu, gpu in SWEEP:
         group.addoption(flag, default=None, help=f"default {cpu} on CPU, {gpu} with --gpus")
+    parser.getgroup("collectives").addoption(
+        "--huge",
+        action="store_true",
+        help="also run the conformance tier straddling 2**31 elements and 2**32 bytes (test_huge.py): "
+        "2 to 4 GiB a message on every rank, for big-memory nodes",
+    )
 
 
 def sweep_sizes(config: pytest.Config) -> list[int]:
@@ -79,3 +85,8 @@ KNOWN_BUGS = Path(__file__).with_name("known_bugs.json")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     known_bugs.mark(config, items, settings_of(config).backend, known_bugs.load(KNOWN_BUGS))
+    if not config.getoption("huge"):
+        off = pytest.mark.skip(reason="the 2**31-element tier runs with --huge (2 to 4 GiB a message a rank)")
+        for item in items:
+            if item.get_closest_marker("huge"):
+                item.add_marker(off)

@@ -4,6 +4,7 @@ what small ones cannot, and the floats called exactly reducible are, in any orde
 from __future__ import annotations
 
 import functools
+import sys
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from pytest_collectives.algorithms.reference import (
     assert_reduced_close,
     error_bound,
     rank_input,
+    real_dtype,
     reduce_reference,
 )
 from pytest_collectives.conformance.cases import sentinel
@@ -93,7 +95,7 @@ def test_moved_floats_hold_every_kind_of_value_but_the_sentinel(dtype):
     assert flat.isnan().any() and (flat != flat).sum() < flat.numel() / 2
     zeros = flat[flat == 0]
     assert zeros.signbit().any() and not zeros.signbit().all(), "both +0.0 and -0.0"
-    real = dtype.to_real() if dtype.is_complex else dtype
+    real = real_dtype(dtype)
     assert ((flat != 0) & (flat.abs() < torch.finfo(real).tiny)).any(), "a subnormal"
     if dtype != torch.float8_e4m3fn:  # e4m3fn has no infinities
         assert flat.isinf().any()
@@ -197,3 +199,12 @@ def test_every_summation_order_a_backend_may_take_stays_within_the_bound(
         got = got * torch.tensor(1 / n, dtype=dtype) if avg == "reciprocal" else got / n
     error = (got.to(torch.complex128 if dtype.is_complex else torch.float64) - reduce_reference(xs, op)).abs()
     assert (error <= error_bound(xs, op)).all()
+
+
+def test_the_real_dtype_of_a_dtype_keeps_torchs_dtypes_alive():
+    """torch 2.2's dtype.to_real() dropped a reference to a real dtype on every call: the bound, computed
+    for every example, freed torch.bfloat16 and crashed the floor's run."""
+    before = sys.getrefcount(torch.bfloat16)
+    assert [real_dtype(torch.bfloat16) for _ in range(1000)][-1] is torch.bfloat16
+    assert sys.getrefcount(torch.bfloat16) >= before
+    assert (real_dtype(torch.complex64), real_dtype(torch.complex128)) == (torch.float32, torch.float64)

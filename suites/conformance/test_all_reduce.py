@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pytest_collectives import examples
 from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, reduce_op
+from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, real_dtype, reduce_op
 from pytest_collectives.conformance import properties
 from pytest_collectives.conformance.capabilities import EXCEPTIONAL, kinds, refusal
 from pytest_collectives.conformance.cases import (
@@ -136,7 +136,7 @@ PREMUL_FACTORS = [("scalar", 2.0), ("scalar", 0.5), ("scalar", 3.0), ("tensor", 
 def factor_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype torch takes a PREMUL_SUM factor tensor in (torch 2.11 refuses others: "expected scalar
     type Float but found BFloat16"): a complex reduction's real type, float32 for bfloat16."""
-    return torch.float32 if dtype == torch.bfloat16 else dtype.to_real()
+    return torch.float32 if dtype == torch.bfloat16 else real_dtype(dtype)
 
 
 def premul_input(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:

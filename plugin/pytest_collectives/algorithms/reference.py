@@ -150,7 +150,7 @@ def rank_input(
         else:
             if op == "product":  # complex products round: the bound applies, to small values
                 part = {}
-            real = dtype.to_real()
+            real = real_dtype(dtype)
             parts = [rank_input(seed, r, size, real, **part) for r in (rank, rank + _RANK_STRIDE // 2)]
             drawn = torch.complex(*parts)
     elif values.kind == "full":
@@ -203,7 +203,7 @@ def _any_bits(size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -
     width = torch.empty(0, dtype=dtype).element_size()
     count = math.prod(size)
     raw = torch.randint(0, 256, (count, width), generator=gen, dtype=torch.uint8)
-    real = dtype.to_real() if dtype.is_complex else dtype
+    real = real_dtype(dtype)
     info = torch.finfo(real)
     rare = [0.0, -0.0, math.inf, -math.inf, info.tiny * info.eps, -info.tiny * info.eps, info.max, -info.max]
     # built in float64 and converted: older torch has no fill kernel for float8 (inf becomes e4m3fn's NaN)
@@ -280,7 +280,7 @@ def error_bound(inputs: Sequence[Tensor], op: str) -> Tensor:
     dtype, n = inputs[0].dtype, len(inputs)
     if is_exact(dtype, op):
         return torch.zeros(expected.shape, dtype=torch.float64)
-    eps, eps64 = torch.finfo(dtype.to_real()).eps, torch.finfo(torch.float64).eps
+    eps, eps64 = torch.finfo(real_dtype(dtype)).eps, torch.finfo(torch.float64).eps
     exact = expected.abs()
     if op == "product":
         # a complex multiplication rounds up to sqrt(5) u (Higham 3.6): 2 eps covers it with a margin
@@ -399,6 +399,13 @@ def _assert_within(
 def is_exact(dtype: torch.dtype, op: str) -> bool:
     """Whether every backend must give the exact result bit for bit: integers and bool, MIN and MAX."""
     return not (dtype.is_floating_point or dtype.is_complex) or op in ("min", "max")
+
+
+def real_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a complex dtype's parts, or ``dtype`` itself. Not ``dtype.to_real()``: torch 2.2's drops
+    a reference to a real dtype on every call, and a run making enough of them frees torch.float32 and
+    crashes (a segmentation fault, seen on the floor's torch)."""
+    return {torch.complex64: torch.float32, torch.complex128: torch.float64}.get(dtype, dtype)
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:

@@ -25,6 +25,8 @@ MARKERS = (
     "of the operations (with together: not all of them with one dtype and op)",
     "training: a conformance test of a training stack (FSDP2, tensor parallel, DTensor) on the backend; "
     "`-m training` runs just those",
+    "huge: the conformance tier of 2**31 elements and more, 2 to 4 GiB a message a rank; the suites run it "
+    "with --huge",
 )
 
 _PROBED = pytest.StashKey[dict[int, "Capabilities"]]()  # per world size, for this session
