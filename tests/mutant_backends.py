@@ -166,6 +166,16 @@ class MismatchReducedInFloat32(ReferenceBackend):
         return super().allreduce(tensors, opts)
 
 
+class UnreducedPast2To31(ReferenceBackend):
+    """all_reduce reduces the first 2**31 elements only, the rest left as they were: a 32-bit count (Open
+    MPI 9606's kind). Only the opt-in --huge tier reaches it; run by hand (docs/measurements.md)."""
+
+    name = "mutant_unreduced_past_2_31"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        return super().allreduce([tensors[0].view(-1)[: 1 << 31]], opts)
+
+
 class Uint8ComparedAsInt8(ReferenceBackend):
     """all_reduce MIN/MAX of uint8 compares the bytes as int8: 200 is less than 1."""
 
@@ -336,6 +346,7 @@ MUTANTS = [
     Int64ReducedIn32Bits,
     Bf16ReducedThroughFp16,
     MismatchReducedInFloat32,
+    UnreducedPast2To31,
     Uint8ComparedAsInt8,
     AvgRunAsSum,
     SamePeerMessagesSwapped,

@@ -37,6 +37,18 @@ def test_the_check_names_the_first_element_left_unreduced(monkeypatch, dtype) ->
     assert huge.first_wrong(tensor, summed) is None
 
 
+def test_the_tiled_pattern_is_its_formula_across_blocks_and_2_31(monkeypatch) -> None:
+    """pattern() tiles a period and steps per block, for speed: the same values as the formula, at slice
+    edges, block edges and around 2**31."""
+    huge = huge_module(monkeypatch, slice_elements=1 << 26)
+    edges = [(0, 10), (5, 3_000_001), (huge.BLOCK - 7, 3 * huge.BLOCK + 11), ((1 << 31) - 5, (1 << 31) + 9)]
+    for start, stop in edges:
+        index = torch.arange(start, stop)
+        for rank in range(3):
+            formula = (index % 251 + 3 * rank) % 7 - 3 + (index // huge.BLOCK) % 3 - 1
+            assert torch.equal(huge.pattern(rank, start, stop, torch.int64), formula), (start, stop, rank)
+
+
 def test_the_tier_is_off_without_its_option(pytester: pytest.Pytester) -> None:
     copy_conformance(pytester.path, ("test_huge.py",))
     result = pytester.runpytest("test_huge.py", "--world-sizes", "2", "-rs", "-p", "no:cacheprovider")
