@@ -20,6 +20,7 @@ from helpers import copy_conformance
 
 import pytest_collectives.algorithms.collectives
 from pytest_collectives.conformance.known_bugs import load
+from pytest_collectives.execution.outcome import last_words
 
 # What a reduction's property says of a wrong result (reference.assert_reduced_close), any op and dtype
 WRONG_REDUCTION = r"AssertionError: \w+ over \d ranks of torch\.\w+: \d+ of \d+ elements (differ|exceed)"
@@ -151,12 +152,10 @@ def plant(directory: Path, original: str, planted: str, *test_files: str) -> Non
 
 
 def first_failure(output: str) -> str:
-    """The line the first rank to fail ended with: its traceback's last exception, or a crashed rank's last
-    words (``what(): ...``); "" when no rank failed first (a hang alone)."""
+    """The line the first rank to fail ended with (outcome.last_words); "" when no rank failed first (a
+    hang alone)."""
     _, found, rest = output.partition("(first to fail) ====")
-    block = rest.split("\n=====", 1)[0] if found else ""
-    ends = [line.strip() for line in block.splitlines() if re.match(r"(\w[\w.]*: |\s+what\(\): )", line)]
-    return ends[-1] if ends else ""
+    return last_words(rest.split("\n=====", 1)[0]) if found else ""
 
 
 @pytest.mark.parametrize(

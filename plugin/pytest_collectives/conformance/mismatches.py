@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pytest_collectives.execution.messages import FAILED, PASSED
-from pytest_collectives.execution.outcome import CRASHED, HUNG, GroupOutcome
+from pytest_collectives.execution.messages import FAILED
+from pytest_collectives.execution.outcome import CRASHED, HUNG, GroupOutcome, last_words
 
 KINDS = ("dtype", "shape")
 OPERATIONS = (
@@ -54,17 +54,15 @@ def call(pg: Any, operation: str, kind: str) -> None:
 
 
 def behaviour(outcome: GroupOutcome) -> str:
-    """``silent`` when every rank returned; else ``detected: <how>``, how the first rank to fail ended."""
-    if outcome.verdict() == PASSED:
-        return SILENT
+    """``silent`` when no rank failed; else ``detected: <how>``, how the first rank to fail ended."""
     bad = [r for r in outcome.ranks if r.status in (FAILED, CRASHED, HUNG)]
+    if not bad:
+        return SILENT
     first = next((r for r in bad if r.rank == outcome.first_failed), bad[0])
     if first.status == HUNG:
         return f"{DETECTED}: rank {first.rank} hung, named after {outcome.timeout_s:g} s"
     lines = first.detail.strip().splitlines()
-    # a traceback ends with its exception; a crashed rank's last words hold the C++ exception's what()
-    said = [line.strip() for line in lines if re.match(r"(\w[\w.]*: |\s*what\(\): )", line)]
-    how = said[-1] if said else (lines[0] if lines else first.status)
+    how = last_words(first.detail) or (lines[0] if lines else first.status)
     if first.status == CRASHED:
         how = f"crashed ({lines[0] if lines else 'no exit reason'}): {how}"
     how = re.sub(r"\s+", " ", how)[:200]

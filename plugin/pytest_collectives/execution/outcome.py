@@ -156,6 +156,13 @@ class GroupOutcome:
         return out
 
 
+def last_words(detail: str) -> str:
+    """The line a rank's report ends with: its traceback's last exception (``Name: message``), or a crashed
+    rank's C++ exception (``what(): ...``); "" when there is neither."""
+    said = [line.strip() for line in detail.splitlines() if re.match(r"(\w[\w.]*: |\s*what\(\): )", line)]
+    return said[-1] if said else ""
+
+
 def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
