@@ -54,7 +54,9 @@ MUTANTS = [
         "(rank + 1) % n",
         "test_all_reduce.py",
         "mutant_ring_all_reduce or mutant_naive_ring_all_reduce",
-        rf"Global rank \d+ is not part of group|Pair is not connected|{WRONG_REDUCTION}",
+        # a peer outside the group: torch refuses it, or gloo finds no connection to it (torch 2.2: writev to
+        # a pair with no peer, "[none]")
+        rf"Global rank \d+ is not part of group|Pair is not connected|writev \[none\]|{WRONG_REDUCTION}",
     ),
     (
         "rings-wrong-op",
@@ -162,9 +164,12 @@ def first_failure(output: str) -> str:
     "name, original, planted, test_file, select, caught_by", MUTANTS, ids=[m[0] for m in MUTANTS]
 )
 def test_planted_bug_is_caught(
-    pytester: pytest.Pytester, name, original, planted, test_file, select, caught_by
+    pytester: pytest.Pytester, tmp_path: Path, name, original, planted, test_file, select, caught_by
 ) -> None:
     """Caught: one test of the mutant's variants fails, and its first failing rank ends with ``caught_by``."""
+    if name == "decomposition-dropped-padding" and not gloo_reduce_scatter_honours_op(tmp_path):
+        pytest.skip("this torch's gloo reduce_scatter_tensor sums under any op: the unmutated decomposition "
+                    "fails as well (the control says so), so no failure of it is the padding's alone")
     plant(pytester.path, original, planted, test_file)
     start = time.monotonic()
     result = pytester.runpytest(
