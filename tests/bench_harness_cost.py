@@ -12,7 +12,9 @@ round alternate between the kinds, so a machine that slows down for a while slow
 - ``all_reduce``: a 2-rank test with one all_reduce of one element: plus the backend call;
 - ``torch``: the same all_reduce in torch's MultiProcContinuousTest (needs the ``expecttest`` package);
 - ``example2``/``example8``: one hypothesis example of an all_reduce test at 2 and 8 ranks, drawn 16 to a
-  dispatch by ``@pytest_collectives.examples``: the body, its check and the ranks' agreement all-reduce.
+  dispatch by ``@pytest_collectives.examples``: the body and its check;
+- ``bare2``/``bare8``: the same all_reduce in a bare loop of 2000 on 2 and 8 spawned ranks, no pytest: the
+  backend call's own cost, which an example cannot go below.
 
 Printed, never asserted (timings on a shared machine are not a test's business).
 """
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MODULES = {
     "plain": """
@@ -90,6 +93,42 @@ def test_example(pg, i):
 """
 
 
+BARE_ITERATIONS = 2000
+
+
+def _bare_rank(rank: int, n: int, port: int, answer: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    t = torch.ones(1)
+    for _ in range(50):  # warm-up
+        dist.all_reduce(t)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(BARE_ITERATIONS):
+        dist.all_reduce(t)
+    elapsed = time.perf_counter() - start
+    if rank == 0:
+        answer.put(elapsed / BARE_ITERATIONS)
+    dist.destroy_process_group()
+
+
+def bare(n: int) -> float:
+    """Seconds per all_reduce of one element in a bare loop of ``n`` spawned gloo ranks."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    answer = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_bare_rank, args=(n, port, answer), nprocs=n, start_method="spawn")
+    return answer.get()
+
+
 def session(directory: Path, kind: str, k: int) -> tuple[float, int]:
     """Seconds one pytest session takes, and how many examples or tests it ran."""
     start = time.perf_counter()
@@ -111,17 +150,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=400, help="K: tests (or examples) per long session")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--kinds", default="plain,empty,all_reduce,torch,example2,example8")
+    parser.add_argument("--kinds", default="plain,empty,all_reduce,torch,example2,example8,bare2,bare8")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
     directory = Path(tempfile.mkdtemp(prefix="bench-harness-"))
     for kind in kinds:
+        if kind.startswith("bare"):
+            continue
         n = kind.removeprefix("example")
         text = EXAMPLES.format(n=n) if kind.startswith("example") else MODULES[kind]
         (directory / f"test_{kind}.py").write_text(text)
     per_test: dict[str, list[float]] = {kind: [] for kind in kinds}
     for _ in range(args.rounds):
         for kind in kinds:
+            if kind.startswith("bare"):
+                per_test[kind].append(bare(int(kind.removeprefix("bare"))))
+                continue
             one, few = session(directory, kind, 1)
             many, ran = session(directory, kind, args.tests)
             per_test[kind].append((many - one) / max(ran - few, 1))
@@ -138,6 +182,12 @@ def main() -> None:
         print(f"plugin / MultiProcContinuousTest: {median['all_reduce'] / median['torch']:.2f}")
     if {"example2", "example8"} <= set(median):
         print(f"an example at 8 ranks / at 2 ranks: {median['example8'] / median['example2']:.2f}")
+    if {"bare2", "bare8"} <= set(median):
+        print(f"the bare all_reduce at 8 ranks / at 2 ranks: {median['bare8'] / median['bare2']:.2f}")
+    if {"example2", "example8", "bare2", "bare8"} <= set(median):
+        two, eight = (median[f"example{n}"] - median[f"bare{n}"] for n in (2, 8))
+        print(f"an example's cost beyond the bare call: {two:.2f} ms at 2 ranks, {eight:.2f} ms at 8 "
+              f"({eight / two:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def test_async_all_reduces_in_flight_on_two_groups(pg, case, count, order):
     reference, and once wait() returned its Work is completed."""
     n = pg.world_size
     groups = [pg.group, pg.new_group(list(range(n)))]
-    inputs = [[case.input(pg.seed, r * 64 + k, case.size + k, n) for r in range(n)] for k in range(count)]
+    inputs = [[case.part(pg.seed, r, k, case.size + k, n) for r in range(n)] for k in range(count)]
     tensors = [x[pg.rank].to(pg.device, copy=True) for x in inputs]
     op = reduce_op(case.op)
     works = [dist.all_reduce(t, op=op, group=groups[k % 2], async_op=True) for k, t in enumerate(tensors)]

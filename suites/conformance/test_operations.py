@@ -112,11 +112,11 @@ def check_reduce_scatter_list(pg, case) -> None:
     if found is None:
         return
     group, ranks, n, me = found
-    inputs = [[case.input(pg.seed, r * 64 + j, case.size, n) for j in range(n)] for r in ranks]
     output = sentinel(case.size, case.dtype, pg.device)
-    mine = [laid_out(x, case.layout, pg.device) for x in inputs[me]]
+    mine = [laid_out(case.part(pg.seed, pg.rank, j, case.size, n), case.layout, pg.device) for j in range(n)]
     dist.reduce_scatter(output, mine, op=reduce_op(case.op), group=group)
-    assert_reduced_close(output, [inputs[i][me] for i in range(n)], case.op, case.values)
+    expected = [case.part(pg.seed, r, me, case.size, n) for r in ranks]
+    assert_reduced_close(output, expected, case.op, case.values)
 
 
 @pytest.mark.world_size()
@@ -134,11 +134,12 @@ def test_all_to_all_single(pg, algorithm, case, splits, even):
 def test_all_to_all_list(pg, case):
     n, me = pg.world_size, pg.rank
     sizes = [[case.size % 41] * n for _ in range(n)]
-    chunks = [[case.input(pg.seed, i * 64 + j, sizes[i][j], n) for j in range(n)] for i in range(n)]
     outputs = [sentinel(sizes[i][me], case.dtype, pg.device) for i in range(n)]
-    dist.all_to_all(outputs, [laid_out(x, case.layout, pg.device) for x in chunks[me]])
+    sent = [case.part(pg.seed, me, j, sizes[me][j], n) for j in range(n)]
+    dist.all_to_all(outputs, [laid_out(x, case.layout, pg.device) for x in sent])
     for i in range(n):
-        assert_moved(outputs[i], chunks[i][me], f"all_to_all: from rank {i} on rank {me}")
+        expected = case.part(pg.seed, i, me, sizes[i][me], n)
+        assert_moved(outputs[i], expected, f"all_to_all: from rank {i} on rank {me}")
 
 
 # (N, C, H, W) with C > 1 and H * W > 1, so that channels_last and contiguous strides differ
@@ -213,7 +214,7 @@ def test_scatter(pg, case):
         return
     group, ranks, n, me = found
     root = case.root % n
-    parts = [case.input(pg.seed, ranks[root] * 64 + i, case.size, n) for i in range(n)]
+    parts = [case.part(pg.seed, ranks[root], i, case.size, n) for i in range(n)]
     sources = [laid_out(p, case.layout, pg.device) for p in parts] if me == root else None
     output = sentinel(case.size, case.dtype, pg.device)
     dist.scatter(output, sources, src=ranks[root], group=group)
@@ -302,7 +303,7 @@ def test_coalesced_all_reduce_equals_uncoalesced(pg, case, count):
     if not hasattr(c10d, "_coalescing_manager"):
         pytest.skip("this torch has no _coalescing_manager")
     n, me = pg.world_size, pg.rank
-    inputs = [[case.input(pg.seed, r * 64 + j, case.size + j, n) for r in range(n)] for j in range(count)]
+    inputs = [[case.part(pg.seed, r, j, case.size + j, n) for r in range(n)] for j in range(count)]
     tensors = [x[me].to(pg.device, copy=True) for x in inputs]
     try:
         with c10d._coalescing_manager(async_ops=True) as manager:

@@ -99,13 +99,13 @@ def test_all_pairs_exchange_in_one_batch(pg, case):
     n, me, dtype, size = pg.world_size, pg.rank, case.dtype, case.size
     peers = [(me + k) % n for k in range(1, n)]
     inboxes = {peer: sentinel(size, dtype, pg.device) for peer in peers}
-    payloads = {peer: case.input(pg.seed, me * 64 + peer, size, n).to(pg.device) for peer in peers}
+    payloads = {peer: case.part(pg.seed, me, peer, size, n).to(pg.device) for peer in peers}
     ops = [dist.P2POp(dist.irecv, inboxes[peer], peer) for peer in reversed(peers)]
     ops += [dist.P2POp(dist.isend, payloads[peer], peer) for peer in peers]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     for peer in peers:
-        assert_moved(inboxes[peer], case.input(pg.seed, peer * 64 + me, size, n), f"rank {me} from {peer}")
+        assert_moved(inboxes[peer], case.part(pg.seed, peer, me, size, n), f"rank {me} from {peer}")
 
 
 @pytest.mark.world_size()
@@ -148,7 +148,7 @@ def test_messages_to_one_peer_in_flight_arrive_in_the_order_posted(pg, case, mod
     dst = (src + pair[1] % (n - 1) + 1) % n if n > 1 else src
     if pg.rank not in (src, dst) or src == dst:
         return
-    sent = [case.input(pg.seed, src * 64 + k, case.size, n) for k in range(count)]
+    sent = [case.part(pg.seed, src, k, case.size, n) for k in range(count)]
     tags = list(range(1, count + 1)) if mode.endswith("_tagged") else [0] * count
     if pg.rank == src:
         post, peer, buffers = dist.isend, dst, [x.to(pg.device) for x in sent]

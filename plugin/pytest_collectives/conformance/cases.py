@@ -32,6 +32,7 @@ SMALL_SIZES = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 5000))
 # long as a hundred small ones: they have their own few-example tests (large()), the rest draw small sizes.
 # A failure found at 1 Mi + 3 shrinks to 1 Mi, the offset drawn apart from the small size.
 LARGE_SIZES = st.tuples(st.sampled_from([1 << 16, 1 << 20]), SMALL_SIZES).map(sum)
+_PART_KEYS = 64  # an input part's key is rank * _PART_KEYS + part
 MAX_RANKS = 8  # members and roots are drawn up to this and folded onto the actual world
 # Subgroups of a few shapes, folded onto the world: one rank, a pair without rank 0, every other rank, a
 # contiguous half, all but rank 0. Any subset of 8 ranks would make up to 255 groups at 8 ranks, each a
@@ -108,6 +109,12 @@ class Case:
         ranks: every rank builds the same one (reference.rank_input)."""
         op = None if self.op == NO_OP else self.op
         return rank_input(seed, key, shape, self.dtype, values=self.values, op=op, members=members)
+
+    def part(self, seed: int, rank: int, part: int, shape: int | Sequence[int], members: int) -> torch.Tensor:
+        """Part ``part`` of rank ``rank``'s input (the block for a peer, one of several messages), drawn on
+        its own: a rank builds its own parts and the one of each peer's it receives, 2n - 1 parts of a
+        reduce_scatter or all_to_all, not the n x n of every member's whole input."""
+        return self.input(seed, rank * _PART_KEYS + part, shape, members)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,12 +71,11 @@ def reduce_scatter_matches_reference(
         return
     group, ranks, n, me = found
     chunk = case.size
-    inputs = [case.input(pg.seed, r, n * chunk, n) for r in ranks]
-    source = inputs[me].to(pg.device, copy=True)
+    source = torch.cat([case.part(pg.seed, pg.rank, j, chunk, n) for j in range(n)]).to(pg.device)
     output = source.view(n, -1)[me] if in_place else sentinel(chunk, case.dtype, pg.device)
     result = reduce_scatter(output, source, reduce_op(case.op), group=group)
     assert result is output, f"{name_of(reduce_scatter)} must return its output"
-    assert_reduced_close(output, [x.view(n, -1)[me] for x in inputs], case.op, case.values)
+    assert_reduced_close(output, [case.part(pg.seed, r, me, chunk, n) for r in ranks], case.op, case.values)
 
 
 def gemm_reduce_scatter_matches_reference(
@@ -133,9 +132,10 @@ def all_to_all_matches_reference(
     group, ranks, n, me = found
     even = splits is None
     sizes = [[case.size // n] * n for _ in range(n)] if even else [row[:n] for row in splits[:n]]
-    chunks = [[case.input(pg.seed, i * 64 + j, sizes[i][j], n) for j in range(n)] for i in range(n)]
-    source = laid_out(torch.cat(chunks[me]), case.layout, pg.device)
-    received = [chunks[i][me] for i in range(n)]
+    source = laid_out(
+        torch.cat([case.part(pg.seed, me, j, sizes[me][j], n) for j in range(n)]), case.layout, pg.device
+    )
+    received = [case.part(pg.seed, i, me, sizes[i][me], n) for i in range(n)]
     output = sentinel(sum(x.numel() for x in received), case.dtype, pg.device)
     column = [sizes[i][me] for i in range(n)]
     result = all_to_all(output, source, None if even else column, None if even else sizes[me], group=group)

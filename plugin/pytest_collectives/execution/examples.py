@@ -2,12 +2,12 @@
 
 Written like hypothesis' ``@given`` over a test's per-example parameters, it draws a batch of 1 to BATCH
 examples as one hypothesis example, and every rank runs the whole batch in one call: a dispatch, a seed and
-a result costs a few milliseconds at 8 ranks on 2 cores, more than most examples. After each example the
-ranks agree whether it failed anywhere (RankContext.any_failed, one tiny all-reduce on a group of its own),
-so all of them stop at the same example: one that went on alone would pair its next calls with a call the
-others are still in. Each reports the example it failed (the controller keeps the earliest over the ranks,
-GroupOutcome.keep_first_failing_example, for ranks that could not agree). Hypothesis then shrinks the batch
-like any list, down to the one example that fails, so the minimal example reads ``batch=[{...}]``.
+a result costs a few milliseconds at 8 ranks on 2 cores, more than most examples. A rank whose check fails
+runs the rest of the batch (run_batch), so the ranks never need to agree after each example whether it
+failed anywhere: that was a second all-reduce per example, as costly at 8 ranks on 2 cores as the example's
+own. Each reports the first example it failed, and the controller keeps the earliest over the ranks
+(GroupOutcome.keep_first_failing_example). Hypothesis then shrinks the batch like any list, down to the one
+example that fails, so the minimal example reads ``batch=[{...}]``.
 
 Each example is seeded from its own values, not from the batch it came in: the one shrunk example sees the
 inputs it saw in its batch.
@@ -119,27 +119,36 @@ def _batched(
 def run_batch(
     fn: Callable[..., Any], batch: list[dict[str, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
-    """Run the examples of ``batch`` until one fails on any rank; raise this rank's failure, if any."""
+    """Run the examples of ``batch``; raise this rank's first failure, if any.
+
+    A rank whose check failed (an AssertionError, after the example's calls) runs the rest of the batch,
+    so that its calls keep pairing with the others' and every rank ends the call; any other exception may
+    have cut the example's calls short, so it ends the batch at once, and the ranks left waiting in a call
+    it skipped are reported hung a few seconds later (the pool's grace after a failure)."""
     from hypothesis.errors import UnsatisfiedAssumption
 
     tally = _TALLY.get() or Tally()
     pg = kwargs.get("pg")
+    first: AssertionError | None = None
     for i, example in enumerate(batch):
         if hasattr(pg, "reseed"):
             pg.reseed(example)
-        failure: Exception | None = None
         try:
             fn(*args, **kwargs, **example)
         except UnsatisfiedAssumption:
             continue  # turned down on this rank: every rank draws the same, so on every rank
-        except Exception as exc:  # noqa: BLE001 - raised once the ranks agreed to stop here
-            failure, tally.failed_example = exc, i
+        except AssertionError as exc:
+            if first is None:
+                first, tally.failed_example = exc, i
+        except Exception:
+            tally.ran += 1
+            if first is None:
+                tally.failed_example = i
+                raise
+            break  # after this rank's first failure: that one is the call's
         tally.ran += 1
-        stop = pg.any_failed(failure is not None) if hasattr(pg, "any_failed") else failure is not None
-        if failure is not None:
-            raise failure
-        if stop:
-            return  # another rank failed this example: the call's failure is theirs
+    if first is not None:
+        raise first
     if not tally.ran:
         raise UnsatisfiedAssumption  # every example turned down: hypothesis draws another batch
 

@@ -73,8 +73,7 @@ class GroupOutcome:
 
     def keep_first_failing_example(self) -> None:
         """In a batch of examples only the earliest example that failed on any rank is the call's failure
-        (hypothesis shrinks the batch to it); a rank whose first failure came later (SPMD ranks do not
-        agree to stop together) passed that far."""
+        (hypothesis shrinks the batch to it); a rank whose first failure came later passed that far."""
         first = self.failed_example()
         if first is None:
             return

@@ -53,6 +53,7 @@ class WorkerGroup:
         self.start_rss: list[int] = []
         self.received: set[int] = set()  # the ranks that acknowledged the task in flight
         self.lost: list[RankReport] = []  # crashed before receiving it: they died after the test before
+        self.files = [rank_files(spec.workdir, rank) for rank in range(spec.world_size)]  # read per test
         for rank in range(spec.world_size):
             parent_conn, child_conn = ctx.Pipe()
             proc = ctx.Process(
@@ -185,7 +186,7 @@ class WorkerGroup:
         return RankReport(rank, CRASHED, exit_reason(proc.exitcode))
 
     def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
-        files = {r: rank_files(self.spec.workdir, r)["stack"] for r in ranks}
+        files = {r: self.files[r]["stack"] for r in ranks}
         for rank in ranks:
             try:
                 os.kill(self.procs[rank].pid, STACK_SIGNAL)  # type: ignore[arg-type]
@@ -204,7 +205,7 @@ class WorkerGroup:
 
     def _attach_output(self, outcome: GroupOutcome) -> None:
         for report in outcome.ranks:
-            files = rank_files(self.spec.workdir, report.rank)
+            files = self.files[report.rank]
             report.stdout = _read(files["stdout"])
             report.stderr = _read(files["stderr"])
             if report.status == CRASHED and report.stderr:

@@ -58,9 +58,6 @@ from pytest_collectives.execution.messages import (
 )
 
 STACK_SIGNAL = signal.SIGUSR1
-# How long ranks that ended an example wait for the others to say whether it failed anywhere: a tiny call
-# takes milliseconds, and a rank not there by then is stuck in the example (RankContext.any_failed).
-AGREEMENT_TIMEOUT = datetime.timedelta(seconds=2)
 PENDING_GRACE_S = 2.0  # NCCL work completes on the GPU a little after the host returns
 
 
@@ -80,8 +77,6 @@ class RankContext:
     device: torch.device
     seed: int
     _subgroups: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict, repr=False)
-    # a gloo group of the whole world kept for any_failed(), apart from the tests' own calls
-    agreement: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -97,21 +92,6 @@ class RankContext:
         if key not in self._subgroups:
             self._subgroups[key] = dist.new_group(list(key))
         return self._subgroups[key] if self.rank in key else None
-
-    def any_failed(self, failed: bool) -> bool:
-        """Whether any rank failed the example each just ran (every rank calls this after each example of
-        a batch, so that all stop at the first that failed anywhere). A rank still inside the example,
-        stuck in a call the failed one skipped, never answers: after AGREEMENT_TIMEOUT the others give up
-        (the controller replaces the group) and this rank no longer asks, stopping at its own failures."""
-        if self.agreement is None:
-            return failed
-        flag = torch.tensor([int(failed)])
-        try:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.agreement)
-        except RuntimeError:
-            self.agreement = None
-            return True
-        return bool(flag.item())
 
     def reseed(self, example: dict[str, Any]) -> None:
         """Seed this rank from one example's values, as a call with that example alone would be."""
@@ -544,8 +524,6 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
             importlib.import_module(module)
         registry.load(spec.algorithms)  # users' algorithms, found by name in the tests
     _init_process_group(spec, rank, device)
-    with contextlib.suppress(RuntimeError, ValueError):  # without it, ranks stop at their own failures
-        ctx.agreement = dist.new_group(backend="gloo", timeout=AGREEMENT_TIMEOUT)
     conn.send(("ready", rank))
     while True:
         try:
