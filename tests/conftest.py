@@ -1,12 +1,16 @@
 # pytester's in-process runs drop the modules each run imported. torch's C extension can't be imported a
 # second time in one process (it segfaults), and a re-imported multiprocessing.forkserver would start a
-# fresh forkserver (and its torch import) for every run: both are imported once here, before any run.
+# fresh forkserver (and its torch import) for every run: both are imported once here, before any run. So
+# are the conformance strategies: a copy of capabilities imported afresh by one run, beside the copy the
+# strategies of an earlier-imported cases module read, would leave them drawing from a probe nobody set
+# ("nothing probed", seen on torch 2.2 when test_examples.py ran before test_algorithms.py).
 import multiprocessing.forkserver  # noqa: F401
 
 import pytest
 import torch  # noqa: F401
 from hypothesis import settings
 
+import pytest_collectives.conformance.cases  # noqa: F401
 import pytest_collectives.execution.pool  # noqa: F401
 
 
