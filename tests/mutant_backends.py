@@ -121,49 +121,44 @@ class ChannelsLastWrittenContiguous(ReferenceBackend):
         return work
 
 
-def reduced_through(self: ReferenceBackend, tensors: list[Any], opts: Any, narrow: torch.dtype) -> dist.Work:
-    """all_reduce ``tensors[0]`` in a copy of dtype ``narrow``, written back: the reduction's own type is
-    wrong, where the bits still fit it."""
-    tensor = tensors[0]
-    copy = tensor.to(narrow)
-    work = ReferenceBackend.allreduce(self, [copy], opts)
-    work.wait()
-    tensor.copy_(copy)
-    return work
+class ReducedThrough(ReferenceBackend):
+    """all_reduce of dtype ``wide`` in a copy of dtype ``narrow``, written back: the reduction's own type
+    is wrong, where the bits still fit it. Each mutant names its pair."""
+
+    wide: torch.dtype
+    narrow: torch.dtype
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        tensor = tensors[0]
+        if tensor.dtype != self.wide:
+            return super().allreduce(tensors, opts)
+        copy = tensor.to(self.narrow)
+        work = super().allreduce([copy], opts)
+        work.wait()
+        tensor.copy_(copy)
+        return work
 
 
-class Int64ReducedIn32Bits(ReferenceBackend):
+class Int64ReducedIn32Bits(ReducedThrough):
     """all_reduce of int64 computes in int32 (HCOLL's int64 MIN mapped to 32 bits, ompi 10521)."""
 
     name = "mutant_int64_reduced_in_32_bits"
-
-    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
-        if tensors[0].dtype == torch.int64:
-            return reduced_through(self, tensors, opts, torch.int32)
-        return super().allreduce(tensors, opts)
+    wide, narrow = torch.int64, torch.int32
 
 
-class Bf16ReducedThroughFp16(ReferenceBackend):
+class Bf16ReducedThroughFp16(ReducedThrough):
     """all_reduce of bfloat16 computes in float16: past 65504 it overflows, below 2**-24 it flushes."""
 
     name = "mutant_bf16_reduced_through_fp16"
-
-    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
-        if tensors[0].dtype == torch.bfloat16:
-            return reduced_through(self, tensors, opts, torch.float16)
-        return super().allreduce(tensors, opts)
+    wide, narrow = torch.bfloat16, torch.float16
 
 
-class MismatchReducedInFloat32(ReferenceBackend):
+class MismatchReducedInFloat32(ReducedThrough):
     """all_reduce of any floating dtype computes in float32, so a float64 rank and its float32 peers send
     the same bytes: a dtype that differs between ranks returns silently (pytorch 150248's kind)."""
 
     name = "mutant_mismatch_reduced_in_float32"
-
-    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
-        if tensors[0].dtype == torch.float64:
-            return reduced_through(self, tensors, opts, torch.float32)
-        return super().allreduce(tensors, opts)
+    wide, narrow = torch.float64, torch.float32
 
 
 class UnreducedPast2To31(ReferenceBackend):
