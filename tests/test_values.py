@@ -24,7 +24,9 @@ from pytest_collectives.algorithms.reference import (
 from pytest_collectives.conformance.cases import sentinel
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-FULL = st.builds(Values, kind=st.just("full"), scale=st.integers(-SCALE, SCALE))
+FULL = st.one_of(
+    st.builds(Values, kind=st.just("full"), scale=st.integers(-SCALE, SCALE)), st.just(Values("spread"))
+)
 
 
 def in_dtype(inputs: list[torch.Tensor], op: str, order: list[int], scale_first: bool) -> torch.Tensor:
@@ -74,6 +76,15 @@ def test_the_top_of_the_range_is_past_float16s(dtype):
 def test_the_bottom_of_the_range_is_subnormal(dtype):
     x = rank_input(0, 0, 256, dtype, values=Values("full", -SCALE), op="sum", members=8)
     assert (x != 0).all() and (x.abs() < torch.finfo(dtype).tiny).all()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_spread_runs_from_the_subnormals_to_past_float16s_top_in_one_tensor(dtype):
+    x = rank_input(0, 0, 97, dtype, values=Values("spread"), op="sum", members=8).abs()
+    assert (x != 0).all() and x[0] < torch.finfo(dtype).tiny, "a subnormal at the start"
+    if dtype != torch.float16:
+        assert x.max() > torch.finfo(torch.float16).max
+    assert x[:24].max() < x[-24:].min(), "the exponent rises along the elements"
 
 
 def test_full_integers_reach_past_32_and_53_bits_and_every_high_bit():

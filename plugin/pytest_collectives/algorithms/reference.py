@@ -97,15 +97,20 @@ class Values:
     over a power-of-two group) must match the reference bit for bit. PRODUCT multiplies powers of two
     whose exponents can't leave the range. ``scale`` places e: 0 gives integers, SCALE the top of the
     dtype's range (past float16's for bfloat16 and float32), -SCALE its smallest subnormal.
+
+    ``spread``: ``full``, with the e of reduced floats running along the elements from the smallest
+    subnormal to the top of the range (the same e for an element on every rank, so every sum stays exact):
+    one call reaches both ends of the range and every scale between, where ``full`` needs a call per scale.
     """
 
     kind: str = "small"
     scale: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("small", "full") or not -SCALE <= self.scale <= SCALE:
+        if self.kind not in ("small", "full", "spread") or not -SCALE <= self.scale <= SCALE:
             raise ValueError(
-                f"Values(kind={self.kind!r}, scale={self.scale}): kind small or full, |scale| <= {SCALE}"
+                f"Values(kind={self.kind!r}, scale={self.scale}): kind small, full or spread, "
+                f"|scale| <= {SCALE}"
             )
 
     def exact(self, dtype: torch.dtype, op: str, members: int) -> bool:
@@ -145,7 +150,7 @@ def rank_input(
         drawn = torch.randint(0, 2, size, generator=gen).bool()
     elif dtype.is_complex:
         part = {"values": values, "op": op, "members": members}
-        if values.kind == "full" and op is None:
+        if values.kind != "small" and op is None:
             drawn = _any_bits(size, dtype, gen)
         else:
             if op == "product":  # complex products round: the bound applies, to small values
@@ -153,8 +158,8 @@ def rank_input(
             real = real_dtype(dtype)
             parts = [rank_input(seed, r, size, real, **part) for r in (rank, rank + _RANK_STRIDE // 2)]
             drawn = torch.complex(*parts)
-    elif values.kind == "full":
-        drawn = _full(size, dtype, gen, values.scale, op, members)
+    elif values.kind != "small":
+        drawn = _full(size, dtype, gen, values, op, members)
     elif dtype.is_floating_point:
         magnitude = 2.0 ** (torch.rand(size, generator=gen, dtype=torch.float64) * 2 - 1)
         drawn = (magnitude * _random_sign(size, gen)).to(dtype)
@@ -166,9 +171,14 @@ def rank_input(
 
 
 def _full(
-    size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator, scale: int, op: str | None, members: int
+    size: tuple[int, ...],
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    values: Values,
+    op: str | None,
+    members: int,
 ) -> Tensor:
-    """``Values(full)`` of a real dtype: see there."""
+    """``Values(full)`` or ``Values(spread)`` of a real dtype: see there."""
     if not dtype.is_floating_point:
         wide = torch.randint(-(2**63), 2**63 - 1, size, generator=gen, dtype=torch.int64)
         # 0 is the sentinel: made nonzero in int64, as torch before 2.13 has no where() of uint16/32/64
@@ -192,8 +202,12 @@ def _full(
     step = members if op == "avg" else 1  # x / n is exact too, for a backend that scales first
     k = torch.randint(1, max(2, limit // step + 1), size, generator=gen) * step
     lo, hi = bottom - digits + 1, top - digits  # from the smallest subnormal to the top of the range
-    exponent = round(scale / SCALE * (hi if scale > 0 else -lo))
-    return (sign * k * 2.0**exponent).to(dtype)
+    if values.kind == "spread":
+        # exp2 of an integral float64 is exact, subnormal results included
+        exponent = torch.exp2(torch.linspace(lo, hi, math.prod(size), dtype=torch.float64).round()).view(size)
+    else:
+        exponent = 2.0 ** round(values.scale / SCALE * (hi if values.scale > 0 else -lo))
+    return (sign * k * exponent).to(dtype)
 
 
 def _any_bits(size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> Tensor:
