@@ -204,10 +204,10 @@ def _full(
     lo, hi = bottom - digits + 1, top - digits  # from the smallest subnormal to the top of the range
     if values.kind == "spread":
         # exp2 of an integral float64 is exact, subnormal results included
-        exponent = torch.exp2(torch.linspace(lo, hi, math.prod(size), dtype=torch.float64).round()).view(size)
+        power = torch.exp2(torch.linspace(lo, hi, math.prod(size), dtype=torch.float64).round()).view(size)
     else:
-        exponent = 2.0 ** round(values.scale / SCALE * (hi if values.scale > 0 else -lo))
-    return (sign * k * exponent).to(dtype)
+        power = 2.0 ** round(values.scale / SCALE * (hi if values.scale > 0 else -lo))
+    return (sign * k * power).to(dtype)
 
 
 def _any_bits(size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> Tensor:
