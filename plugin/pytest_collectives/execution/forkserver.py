@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 
-# The training stacks' modules too, and torch._dynamo, which DTensor's first distribute_tensor imports:
-# imported by each rank they cost about 1 s of CPU a rank whenever a group runs its first training test,
-# 4 s at 8 ranks on 2 cores. (A module missing from an older torch is skipped by the server.)
 PRELOAD = [
-    "__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.execution.rank",
-    "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
-    "torch.distributed._functional_collectives", "torch._dynamo",
+    "__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.execution.rank"
 ]  # fmt: skip
 
 
