@@ -121,6 +121,27 @@ class ChannelsLastWrittenContiguous(ReferenceBackend):
         return work
 
 
+class StorageCopiedAsDense(ReferenceBackend):
+    """all_gather copies each tensor's storage byte for byte, as NCCL's all_gather_into_tensor did at one
+    rank: right whenever the input and the outputs share a layout, permuted where they do not."""
+
+    name = "mutant_storage_copied_as_dense"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        parts = outputs[0]
+        dense = [torch.empty(p.shape, dtype=p.dtype, device=p.device) for p in parts]
+        work = super().allgather([dense], [_as_if_dense(t) for t in inputs], opts)
+        work.wait()
+        for part, got in zip(parts, dense, strict=True):
+            _as_if_dense(part).copy_(got)
+        return work
+
+
+def _as_if_dense(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s storage read in memory order, with the strides of a contiguous tensor of its shape."""
+    return tensor.as_strided(tensor.shape, torch.empty(tensor.shape, device="meta").stride())
+
+
 class ReducedThrough(ReferenceBackend):
     """all_reduce of dtype ``wide`` in a copy of dtype ``narrow``, written back: the reduction's own type
     is wrong, where the bits still fit it. Each mutant names its pair."""
@@ -355,6 +376,7 @@ MUTANTS = [
     UnwrittenOnRankOne,
     CoalescedSumsUnderAnyOp,
     ChannelsLastWrittenContiguous,
+    StorageCopiedAsDense,
     RefusalLeavesGroupOpen,
     NanDroppedInMinMax,
 ]

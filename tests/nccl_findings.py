@@ -56,6 +56,29 @@ def all_to_all_as_the_perf_suite(nbytes: int, splits: list[int], calls: int) -> 
     return f"{wrong} of {count} elements wrong" + (f", first {output[:4].tolist()}" if wrong else "")
 
 
+def _laid(tensor: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "channels_last":
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor.contiguous()
+
+
+def moved_in_layouts(call: str, output_layout: str, input_layout: str) -> str:
+    """Where the output's elements went: as laid out, in storage order as if dense, or nowhere."""
+    expected = torch.arange(60.0, device="cuda").reshape(2, 3, 2, 5)
+    output = _laid(torch.full_like(expected, float("nan")), output_layout)
+    source = _laid(expected, input_layout)
+    getattr(dist, call)(output, [source] if call == "reduce_scatter" else source)
+    torch.cuda.synchronize()
+    if torch.equal(output, expected):
+        return "written as laid out"
+    if output.isnan().all():
+        return "never written (all NaN)"
+    storage = output.permute(0, 2, 3, 1) if output_layout == "channels_last" else output
+    if torch.equal(storage.flatten(), expected.flatten()):
+        return "written in storage order, as if dense"
+    return f"wrong: {output.flatten()[:8].cpu().tolist()}"
+
+
 def _int16(n: int = 2) -> torch.Tensor:
     return torch.ones(n, dtype=torch.int16, device="cuda")
 
@@ -146,6 +169,17 @@ def main() -> None:
     work = dist.all_reduce(torch.ones(2, device="cuda"), async_op=True)
     work.wait()
     show("Work.exception() after wait", work.exception)
+    for call in ("reduce_scatter", "reduce_scatter_tensor", "all_gather_into_tensor"):
+        # not a strided view: NCCL refuses it, and a refusal can leave it inside a group call
+        for output_layout in ("contiguous", "channels_last"):
+            for input_layout in ("contiguous", "channels_last"):
+                show(
+                    f"{call} into {output_layout} from {input_layout}",
+                    moved_in_layouts,
+                    call,
+                    output_layout,
+                    input_layout,
+                )
     for trial in range(3):
         for splits in (False, True):
             for synchronize in (False, True):

@@ -302,18 +302,28 @@ def test_the_reference_backend_passes_what_its_mutants_fail(pytester: pytest.Pyt
 
 
 @python_backends
-def test_a_layout_written_as_if_dense_fails_the_layout_test(pytester: pytest.Pytester) -> None:
-    """test_layouts.py, proved on a backend that writes all_gather's outputs with dense strides: both
-    layouts fail with the part and the rank named (all_gather_into_tensor: N/A, the Python backends
-    lack it)."""
-    result = run_on_backend(
-        pytester, "mutant_channels_last_written_contiguous", "test_layouts.py", "-k", "all_gather"
-    )
-    result.assert_outcomes(failed=2, skipped=2)
-    result.stdout.fnmatch_lines_random(
-        [f"*AssertionError: {layout} all_gather: rank ?'s part on rank ?: * elements wrong*" for layout in
-         ("strided", "channels_last")]
-    )
+@pytest.mark.parametrize(
+    "backend, failing",
+    [
+        (
+            "mutant_channels_last_written_contiguous",
+            ("strided", "channels_last", "contiguous_to_channels_last"),
+        ),
+        # right when both sides share a layout: only a call from one layout into another catches it
+        (
+            "mutant_storage_copied_as_dense",
+            ("strided", "channels_last_to_contiguous", "contiguous_to_channels_last"),
+        ),
+    ],
+)
+def test_a_layout_moved_as_if_dense_fails_the_layout_test(pytester: pytest.Pytester, backend, failing):
+    """test_layouts.py, proved on backends whose all_gather writes its outputs, or copies its storage, as
+    if dense: each layout pair that moves the wrong elements fails with the part and the rank named, and
+    the other passes (all_gather_into_tensor: N/A, the Python backends lack it)."""
+    result = run_on_backend(pytester, backend, "test_layouts.py", "-k", "all_gather")
+    result.assert_outcomes(failed=3, passed=1, skipped=4)
+    wrong = "all_gather: rank ?'s part on rank ?: * elements wrong"
+    result.stdout.fnmatch_lines_random([f"*AssertionError: {layout} {wrong}*" for layout in failing])
 
 
 @python_backends

@@ -1,10 +1,13 @@
 """Every backend call torch lets take a non-contiguous tensor, given one: a strided view (every other
-element of the last dimension) and a channels_last tensor, as inputs and as outputs.
+element of the last dimension) and a channels_last tensor, as inputs and as outputs, and a channels_last
+tensor on one side of a call with a contiguous one on the other.
 
 torch hands these calls the tensor as it is. A backend must read and write the elements in logical order,
 or refuse the layout in its own words (NCCL: "Tensors must be contiguous"). One that reads or writes the
 storage as if it were dense moves the wrong elements, silently (gloo's all_reduce of a strided view,
-pytorch issue 163483 for channels_last). The algorithms under test make their tensors dense first
+pytorch issue 163483 for channels_last). One that copies the storage byte for byte is right whenever
+both sides share a layout: only a call from one layout into another shows it (NCCL's
+all_gather_into_tensor at one rank). The algorithms under test make their tensors dense first
 (collectives._dense): only here does a layout reach the backend. Where a backend gets a call wrong, the
 known-bug manifest (suites/known_bugs.json) says which, and any other failure of that call still fails.
 """
@@ -27,10 +30,20 @@ pytestmark = pytest.mark.conformance
 # (N, C, H, W) with C > 1 and H * W > 1, so that channels_last and contiguous strides differ
 SHAPE = (2, 3, 2, 5)
 DTYPE = torch.float32
+# each test's name for its layouts -> (the inputs', the outputs')
+LAYOUTS = {
+    "strided": ("strided", "strided"),
+    "channels_last": ("channels_last", "channels_last"),
+    "channels_last_to_contiguous": ("channels_last", "contiguous"),
+    "contiguous_to_channels_last": ("contiguous", "channels_last"),
+}
 
 
 def arranged(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.Tensor:
-    """``tensor``'s values in ``layout`` on ``device``: never contiguous, whatever the shape."""
+    """``tensor``'s values in ``layout`` on ``device``: never contiguous, whatever the shape, unless the
+    layout is "contiguous"."""
+    if layout == "contiguous":
+        return tensor.to(device).contiguous()
     if layout == "channels_last":
         return tensor.to(device).contiguous(memory_format=torch.channels_last)
     buffer = torch.empty(*tensor.shape[:-1], 2 * tensor.shape[-1], dtype=tensor.dtype, device=device)
@@ -45,6 +58,7 @@ class Call:
     def __init__(self, pg, layout: str) -> None:
         self.n, self.me, self.root = pg.world_size, pg.rank, pg.world_size - 1
         self.layout, self.device, self.seed = layout, pg.device, pg.seed
+        self.input_layout, self.output_layout = LAYOUTS[layout]
         self.checks: list[Callable[[], None]] = []
 
     def input(self, rank: int, peer: int = 0, blocks: int = 1) -> torch.Tensor:
@@ -53,11 +67,16 @@ class Call:
         return rank_input(self.seed, rank * 16 + peer, shape, DTYPE)
 
     def laid(self, tensor: torch.Tensor) -> torch.Tensor:
-        return arranged(tensor, self.layout, self.device)
+        """``tensor`` as the call's inputs are laid out."""
+        return arranged(tensor, self.input_layout, self.device)
+
+    def unwritten(self, shape: tuple[int, ...] = SHAPE) -> torch.Tensor:
+        """A sentinel-filled tensor as the call's outputs are laid out."""
+        return arranged(sentinel(shape, DTYPE, "cpu"), self.output_layout, self.device)
 
     def output(self, expected: torch.Tensor, what: str) -> torch.Tensor:
-        """A sentinel-filled output in the layout, checked after the call to hold ``expected``'s bits."""
-        out = self.laid(sentinel(expected.shape, DTYPE, "cpu"))
+        """A sentinel-filled output, checked after the call to hold ``expected``'s bits."""
+        out = self.unwritten(expected.shape)
         self.checks.append(lambda: assert_moved(out, expected, f"{self.layout} {what} on rank {self.me}"))
         return out
 
@@ -109,7 +128,7 @@ def _scatter(c: Call) -> None:
 
 
 def _reduce_scatter(c: Call) -> None:
-    output = c.laid(sentinel(SHAPE, DTYPE, "cpu"))
+    output = c.unwritten()
     c.reduced(output, [c.input(r, c.me) for r in range(c.n)], "reduce_scatter")
     dist.reduce_scatter(output, [c.laid(c.input(c.me, r)) for r in range(c.n)])
 
@@ -125,7 +144,7 @@ def _all_gather_into_tensor(c: Call) -> None:
 
 
 def _reduce_scatter_tensor(c: Call) -> None:
-    output = c.laid(sentinel(SHAPE, DTYPE, "cpu"))
+    output = c.unwritten()
     c.reduced(output, [c.input(r, c.me) for r in range(c.n)], "reduce_scatter_tensor")
     reduce_scatter_single(output, c.laid(torch.cat([c.input(c.me, r) for r in range(c.n)])))
 
@@ -147,6 +166,7 @@ def _send_recv(c: Call) -> None:
 
 
 # torch's name of each call -> (how it is made, the probe's name for it: N/A where that is refused)
+# all_reduce and reduce write their input: one tensor, one layout
 CALLS: dict[str, tuple[Callable[[Call], None], str]] = {
     "all_reduce": (_all_reduce, "all_reduce"),
     "reduce": (_reduce, "reduce"),
@@ -163,10 +183,18 @@ CALLS: dict[str, tuple[Callable[[Call], None], str]] = {
 }
 
 
+IN_PLACE = {"all_reduce", "reduce"}
+
+
 @pytest.mark.world_size()
-@pytest.mark.parametrize("layout", ["strided", "channels_last"])
 @pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=pytest.mark.needs(probed)) for name, (_, probed) in CALLS.items()]
+    "name, layout",
+    [
+        pytest.param(name, layout, marks=pytest.mark.needs(probed), id=f"{name}-{layout}")
+        for name, (_, probed) in CALLS.items()
+        for layout, (inputs, outputs) in LAYOUTS.items()
+        if inputs == outputs or name not in IN_PLACE
+    ],
 )
 def test_backend_call_in_a_layout(pg, name, layout):
     """The call moves and reduces the elements in logical order, or refuses the layout in its own words."""
