@@ -8,10 +8,11 @@ import types
 
 import pytest
 
+from pytest_collectives.conformance.cases import tiers_at
 from pytest_collectives.execution.examples import each_example
 from pytest_collectives.execution.messages import FAILED, PASSED
 from pytest_collectives.execution.outcome import GroupOutcome, RankReport
-from pytest_collectives.execution.session import last_of_each_size
+from pytest_collectives.execution.session import last_of_each_size, world_sizes_run
 
 BATCHED = """
 import pytest
@@ -102,6 +103,30 @@ def test_the_last_test_of_each_world_size_is_known() -> None:
 
     items = [item("a", 2), item("b", 2), item("c", None), item("d", 3), item("e", 2)]
     assert last_of_each_size(items) == {"e": 2, "d": 3}  # type: ignore[arg-type]
+
+
+def test_each_test_knows_the_world_sizes_it_runs_at() -> None:
+    """Selected and not skipped: a test deselected at 3 ranks, or skipped at 8, runs at the others."""
+
+    def item(nodeid: str, n: int, skipped: bool = False) -> object:
+        rest = nodeid.split("[")[1].rstrip("]")
+        callspec = types.SimpleNamespace(params={"world_size": n}, id=rest)
+        marker = {"skip": skipped or None}.get
+        return types.SimpleNamespace(nodeid=nodeid, callspec=callspec, get_closest_marker=marker)
+
+    items = [item("t.py::a[ws2-x]", 2), item("t.py::a[ws8-x]", 8, skipped=True), item("t.py::a[ws4-x]", 4),
+             item("t.py::a[ws2-y]", 2), item("t.py::b[ws3]", 3)]  # fmt: skip
+    assert world_sizes_run(items) == {  # type: ignore[arg-type]
+        "t.py::a[ws2-x]": (2, 4), "t.py::a[ws8-x]": (2, 4), "t.py::a[ws4-x]": (2, 4),
+        "t.py::a[ws2-y]": (2,), "t.py::b[ws3]": (3,),
+    }  # fmt: skip
+
+
+def test_the_large_tiers_run_up_to_4_ranks_and_at_the_largest_world_size() -> None:
+    long_run = (1, 2, 3, 4, 5, 6, 7, 8)
+    assert [n for n in long_run if tiers_at(n, long_run)] == [1, 2, 3, 4, 8]
+    assert [n for n in (2, 5, 8) if tiers_at(n, (2, 5, 8))] == [2, 8]
+    assert tiers_at(6, (6,)) and tiers_at(6, ())
 
 
 def test_examples_names_a_parameter_the_test_lacks() -> None:

@@ -21,7 +21,7 @@ from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import SCALE, SMALL, Values, defined, rank_input
 from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
-from pytest_collectives.execution.session import item_parameter
+from pytest_collectives.execution.session import item_parameter, item_world_sizes
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
@@ -174,9 +174,9 @@ def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
     found supported, as one sweep (``examples.sweep``): each (dtype, reduce op) at SWEEP_SIZE elements
     across the dtype's whole range (``Values("spread")``: from its subnormals to the top, exact, in one
     call: a gloo call at 8 ranks on 2 cores costs 13 to 21 ms, the sweep's cost); each dtype at 64 Ki
-    elements, its reduce op and scale rotating; one cell at 1 Mi. Over the whole world, each cell with its
-    own root. What rotates turns with a drawn ``turn``: another on each run, the same for a seed
-    (``--hypothesis-seed``)."""
+    elements, its reduce op and scale rotating; one cell at 1 Mi (these two where ``tiers_at`` says). Over
+    the whole world, each cell with its own root. What rotates turns with a drawn ``turn``: another on each
+    run, the same for a seed (``--hypothesis-seed``)."""
     return st.integers(0, 1 << 16).map(lambda turn: _every_cell(operation, turn))
 
 
@@ -192,6 +192,8 @@ def _every_cell(operation: str | None, turn: int) -> list[Case]:
         return Case((name,), dtype, op, size, "contiguous", None, i % MAX_RANKS, values)
 
     sweep = [case(i, *cell, SWEEP_SIZE, Values("spread")) for i, cell in enumerate(cells)]
+    if not tiers_at(item_parameter("world_size"), item_world_sizes()):
+        return sweep
     dtypes = [dtype for dtype in DTYPES if any(d == dtype for d, _ in cells)]
     for i, dtype in enumerate(dtypes):
         ops = [op for d, op in cells if d == dtype]
@@ -200,6 +202,14 @@ def _every_cell(operation: str | None, turn: int) -> list[Case]:
     if cells:
         sweep.append(case(turn, *cells[turn % len(cells)], TIERS[1], Values("full", turn % SCALE)))
     return sweep
+
+
+def tiers_at(world_size: int, sizes: Sequence[int]) -> bool:
+    """Whether the 64 Ki and 1 Mi tiers run at ``world_size`` in a run at ``sizes``: at up to 4 ranks, and at
+    the largest, where a message splits into the most chunks. Between them they would cost most of a long
+    run on a small machine (at 8 ranks on 2 cores a 1 Mi call takes 1 to 2 s); the sweep of every cell at
+    97 elements runs at every world size."""
+    return world_size <= 4 or world_size >= max(sizes, default=world_size)
 
 
 def large() -> settings:

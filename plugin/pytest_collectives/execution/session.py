@@ -30,6 +30,15 @@ _PARAMS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
 )
 
 
+_SIZES: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("collectives_sizes", default=())
+
+
+def item_world_sizes() -> tuple[int, ...]:
+    """The world sizes the running test runs at in this session (those selected and not skipped), for a
+    strategy that shares work among them."""
+    return _SIZES.get()
+
+
 def item_parameter(name: str) -> Any:
     """What the running test is parametrized with for ``name``. A hypothesis strategy is built before pytest
     parametrizes the test; one that draws what the parameter allows (the cases an algorithm supports)
@@ -134,6 +143,23 @@ def last_of_each_size(items: list[pytest.Item]) -> dict[str, int]:
         if callspec is not None and "world_size" in callspec.params:
             last[callspec.params["world_size"]] = item.nodeid
     return {nodeid: n for n, nodeid in last.items()}
+
+
+def world_sizes_run(items: list[pytest.Item]) -> dict[str, tuple[int, ...]]:
+    """{node id: the world sizes its test runs at}, over ``items`` (those selected), a skipped size left
+    out: one test at several world sizes differs only in its ``ws<n>`` id."""
+    sizes: dict[tuple[str, str], list[int]] = {}
+    test_of = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or "world_size" not in callspec.params:
+            continue
+        n = callspec.params["world_size"]
+        test = (item.nodeid.split("[")[0], callspec.id.replace(f"ws{n}", "", 1))
+        test_of[item.nodeid] = test
+        if not item.get_closest_marker("skip"):
+            sizes.setdefault(test, []).append(n)
+    return {nodeid: tuple(sorted(sizes.get(test, ()))) for nodeid, test in test_of.items()}
 
 
 def skip_gpu_tests(items: list[pytest.Item], settings: options.Settings) -> None:
@@ -272,6 +298,7 @@ class DistributedSession:
         self.calls: dict[int, int] = {}  # world size -> test calls and hypothesis examples run on ranks
         self.workers: list[str] = []  # under xdist, on the controller: what each worker's launcher did
         self.last_of_size: dict[str, int] = {}  # node id -> world size no later test runs on
+        self.sizes_run: dict[str, tuple[int, ...]] = {}  # node id -> world sizes its test runs at
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -287,6 +314,7 @@ class DistributedSession:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.last_of_size = last_of_each_size(session.items)
+        self.sizes_run = world_sizes_run(session.items)
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
@@ -314,6 +342,7 @@ class DistributedSession:
         fn.hypothesis.inner_test._hypothesis_internal_add_digest = pyfuncitem.nodeid.encode()
         callspec = getattr(pyfuncitem, "callspec", None)
         token = _PARAMS.set(dict(callspec.params) if callspec else {})
+        sizes_token = _SIZES.set(self.sizes_run.get(pyfuncitem.nodeid, ()))
         try:
             # (the marker, not its condition: the suites' known bugs are unconditional)
             expected_to_fail = pyfuncitem.get_closest_marker("xfail") and not self.config.option.runxfail
@@ -322,6 +351,7 @@ class DistributedSession:
                 fn(**funcargs)
         finally:
             _PARAMS.reset(token)
+            _SIZES.reset(sizes_token)
         return True
 
     def dispatch(
