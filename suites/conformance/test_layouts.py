@@ -173,7 +173,6 @@ def _send_recv(c: Call) -> None:
 
 
 # torch's name of each call -> (how it is made, the probe's name for it: N/A where that is refused)
-# all_reduce and reduce write their input: one tensor, one layout
 CALLS: dict[str, tuple[Callable[[Call], None], str]] = {
     "all_reduce": (_all_reduce, "all_reduce"),
     "reduce": (_reduce, "reduce"),
@@ -190,6 +189,7 @@ CALLS: dict[str, tuple[Callable[[Call], None], str]] = {
 }
 
 
+# these write their input: one tensor, one layout
 IN_PLACE = {"all_reduce", "reduce"}
 
 
