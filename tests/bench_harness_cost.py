@@ -15,7 +15,11 @@ round alternate between the kinds, so a machine that slows down for a while slow
   dispatch by ``@pytest_collectives.examples``: the body and its check;
 - ``bare2``/``bare8``: the same all_reduce in a bare loop of 2000 on 2 and 8 spawned ranks, no pytest: the
   backend call's own cost, which an example cannot go below; ``bare8x97`` and the like: of 97 elements
-  (gloo at 8 ranks on 2 cores: 3 ms a call for one element, 13 to 21 ms for 8 and more).
+  (gloo at 8 ranks on 2 cores: 3 ms a call for one element, 13 to 21 ms for 8 and more);
+- ``phases2``/``phases8``: a warm group of 2 or 8 ranks driven directly (no pytest), an empty test and
+  the all_reduce test, split by the clock readings each rank returns (``RankResult.timeline``): from
+  pytest's send to the first and the last rank taking the task, the rank's work before the body, the
+  body, its work after it, and from the last rank's answer to pytest holding every result.
 
 Printed, never asserted (timings on a shared machine are not a test's business).
 """
@@ -32,6 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+ALL_REDUCE_BODY = """\
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == pg.world_size
+"""
 MODULES = {
     "plain": """
 import os, pytest
@@ -51,10 +60,7 @@ import os, pytest, torch, torch.distributed as dist
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("i", range(int(os.environ["K"])))
 def test_all_reduce(pg, i):
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert t.item() == 2
-""",
+""" + ALL_REDUCE_BODY,
     "torch": """
 import os, torch, torch.distributed as dist
 from torch.testing._internal.common_distributed import MultiProcContinuousTest
@@ -130,6 +136,42 @@ def bare(n: int, elements: int = 1) -> float:
     return answer.get()
 
 
+PHASES = (
+    "to the first rank", "to the last rank", "rank: before the body", "the body", "rank: after the body",
+    "the way back", "in all",
+)  # fmt: skip
+
+
+def phases(n: int, body: str, k: int) -> dict[str, float]:
+    """Median seconds of each of PHASES over ``k`` calls of a test whose body is ``body`` (rank 0's)."""
+    from pytest_collectives.execution.messages import Task
+    from pytest_collectives.execution.pool import GroupPool
+
+    directory = Path(tempfile.mkdtemp(prefix="bench-phases-"))
+    module = f"import torch, torch.distributed as dist\ndef test(pg):\n{body}"
+    (directory / "bench_phases.py").write_text(module)
+    task = Task("bench_phases.py::test", "bench_phases", str(directory / "bench_phases.py"), "test",
+                {"pg": None}, 0, [str(directory), *sys.path])  # fmt: skip
+    pool = GroupPool("gloo", timeout_s=60)
+    rows = []
+    try:
+        for i in range(k + 50):  # the first 50 warm up
+            group = pool.group(n)
+            start = time.perf_counter()
+            outcome, results = group.run(task, 60.0)
+            end = time.perf_counter()
+            if outcome.verdict() != "passed":
+                raise SystemExit(f"phases: the test did not pass at {n} ranks:\n{outcome}")
+            took, began, ended, answered = zip(*(r.timeline for r in results), strict=True)
+            if i >= 50:
+                rows.append((min(took) - start, max(took) - start, began[0] - took[0], ended[0] - began[0],
+                             answered[0] - ended[0], end - max(answered), end - start))  # fmt: skip
+    finally:
+        pool.close()
+    columns = zip(*rows, strict=True)
+    return {name: statistics.median(column) for name, column in zip(PHASES, columns, strict=True)}
+
+
 def session(directory: Path, kind: str, k: int) -> tuple[float, int]:
     """Seconds one pytest session takes, and how many examples or tests it ran."""
     start = time.perf_counter()
@@ -156,14 +198,20 @@ def main() -> None:
     kinds = args.kinds.split(",")
     directory = Path(tempfile.mkdtemp(prefix="bench-harness-"))
     for kind in kinds:
-        if kind.startswith("bare"):
+        if kind.startswith(("bare", "phases")):
             continue
         n = kind.removeprefix("example")
         text = EXAMPLES.format(n=n) if kind.startswith("example") else MODULES[kind]
         (directory / f"test_{kind}.py").write_text(text)
-    per_test: dict[str, list[float]] = {kind: [] for kind in kinds}
+    per_test: dict[str, list[float]] = {kind: [] for kind in kinds if not kind.startswith("phases")}
+    split: dict[str, list[dict[str, float]]] = {}
     for _ in range(args.rounds):
         for kind in kinds:
+            if kind.startswith("phases"):
+                n = int(kind.removeprefix("phases"))
+                for name, body in (("empty", "    pass\n"), ("all_reduce", ALL_REDUCE_BODY)):
+                    split.setdefault(f"{name} test at {n} ranks", []).append(phases(n, body, args.tests))
+                continue
             if kind.startswith("bare"):
                 ranks, _, elements = kind.removeprefix("bare").partition("x")
                 per_test[kind].append(bare(int(ranks), int(elements or 1)))
@@ -171,6 +219,13 @@ def main() -> None:
             one, few = session(directory, kind, 1)
             many, ran = session(directory, kind, args.tests)
             per_test[kind].append((many - one) / max(ran - few, 1))
+    for name, rounds in split.items():
+        print(f"{name}, us, median of {args.tests} calls, each round:")
+        for phase in PHASES:
+            print(f"  {phase:<22} " + ", ".join(f"{r[phase] * 1e6:6.0f}" for r in rounds))
+    kinds = list(per_test)
+    if not kinds:
+        return
     print(f"ms per test (examples for exampleN), median of {args.rounds} rounds of K={args.tests} against 1:")
     median = {kind: statistics.median(values) * 1e3 for kind, values in per_test.items()}
     for kind in kinds:

@@ -711,17 +711,30 @@ def test_torch_older_than_the_calls_it_lacks(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_paths_that_name_world_size_are_told_apart(tmp_path: Path) -> None:
-    """What starts the forkserver before torch is imported: a file naming world_size among the paths."""
-    from pytest_collectives.execution.session import mentions_world_size
+    """What starts the forkserver before torch is imported: a file naming world_size among the paths; and
+    what has it import the training stacks too: one naming their marker."""
+    from pytest_collectives.execution.session import mentioned
 
+    words = ("world_size", "mark.training")
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "test_a.py").write_text("def test_a(): pass\n")
     (tmp_path / ".venv").mkdir()
-    (tmp_path / ".venv" / "test_hidden.py").write_text("world_size\n")
-    assert not mentions_world_size([tmp_path])
+    (tmp_path / ".venv" / "test_hidden.py").write_text("world_size pytest.mark.training\n")
+    assert mentioned([tmp_path], words) == set()
     (tmp_path / "plain" / "test_b.py").write_text("@pytest.mark.world_size(2)\n")
-    assert mentions_world_size([tmp_path]) and mentions_world_size([tmp_path / "plain" / "test_b.py"])
-    assert not mentions_world_size([tmp_path / "missing.py"])
+    assert mentioned([tmp_path], words) == {"world_size"}
+    assert mentioned([tmp_path / "plain" / "test_b.py"], words) == {"world_size"}
+    (tmp_path / "plain" / "test_c.py").write_text("pytestmark = pytest.mark.training\n")
+    assert mentioned([tmp_path], words) == set(words)
+    assert mentioned([tmp_path / "missing.py"], words) == set()
+
+
+def test_the_forkserver_preloads_what_the_training_stacks_need() -> None:
+    """The server's training imports are the modules the stacks' APIs live in: none is imported per rank."""
+    from pytest_collectives.conformance import training
+    from pytest_collectives.execution.forkserver import TRAINING
+
+    assert set(TRAINING) == {module for needs, _ in training._APIS.values() for module, _ in needs}
 
 
 def test_a_module_that_fails_to_import_on_the_ranks_fails_its_test(pytester: pytest.Pytester) -> None:

@@ -12,7 +12,6 @@ the baseline gate and the node report. The logic lives in the subpackages:
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,7 @@ from pytest_collectives.execution import xdist as xdist_support
 from pytest_collectives.execution.session import (
     DistributedSession,
     Launcher,
-    mentions_world_size,
+    mentioned,
     pg,
     settings_of,
     world_size,
@@ -80,11 +79,12 @@ def _expect_groups(config: pytest.Config) -> None:
     """Start the forkserver, whose torch import the first group waits for, before this process imports
     torch (resolving --backend does): both imports then run at once. Only where the paths to collect name
     world_size; otherwise the launcher starts it once the collected tests say so."""
-    paths = [Path(arg.split("::")[0]) for arg in config.args]
-    if mentions_world_size(config.invocation_params.dir / p for p in paths):
+    paths = [config.invocation_params.dir / arg.split("::")[0] for arg in config.args]
+    named = mentioned(paths, ("world_size", "mark.training"))
+    if "world_size" in named:
         from pytest_collectives.execution.forkserver import forkserver_context, warm_up
 
-        warm_up(forkserver_context())
+        warm_up(forkserver_context(), training="mark.training" in named)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,6 +8,13 @@ import multiprocessing
 PRELOAD = [
     "__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.execution.rank"
 ]  # fmt: skip
+# What a test of the training stacks imports on every rank (conformance/training.py's _APIS): half a second a
+# rank on 2 cores, where 2 to 8 ranks start 35 processes. Only for sessions that run them: the first group
+# of any other session would wait for it.
+TRAINING = [
+    "torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.fsdp",
+    "torch.distributed._functional_collectives",
+]  # fmt: skip
 
 
 def forkserver_context(start_method: str = "forkserver") -> multiprocessing.context.BaseContext:
@@ -21,9 +28,11 @@ def forkserver_context(start_method: str = "forkserver") -> multiprocessing.cont
     return ctx
 
 
-def warm_up(ctx: multiprocessing.context.BaseContext) -> None:
-    """Start the forkserver now so its torch import overlaps with collection."""
+def warm_up(ctx: multiprocessing.context.BaseContext, training: bool = False) -> None:
+    """Start the forkserver now so its torch import overlaps with collection; with ``training``, the
+    training stacks' modules too (once a server runs, its imports are settled)."""
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
+        ctx.set_forkserver_preload(PRELOAD + TRAINING * training)
         forkserver.ensure_running()

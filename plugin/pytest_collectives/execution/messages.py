@@ -69,6 +69,10 @@ class RankResult:
     noted: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     examples: int = 1  # hypothesis examples this call ran: several where @examples batched them
     failed_example: int | None = None  # the first of them that failed on this rank, counted from 0
+    printed: bool = True  # whether the rank wrote to its stdout or stderr in the test
+    # time.perf_counter() when the rank took the task, began the body, ended it and answered: where a test's
+    # time goes on the ranks (tests/bench_harness_cost.py)
+    timeline: tuple[float, ...] = ()
 
 
 def stable_seed_of(text: str, values: Mapping[str, Any] | None = None) -> int:

@@ -7,16 +7,19 @@ killed, and the next test gets a fresh group forked from a server that has torch
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
+import select
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
-from multiprocessing.connection import Connection, wait
+from collections.abc import Iterable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from pytest_collectives.algorithms import registry
@@ -32,7 +35,7 @@ from pytest_collectives.execution.outcome import (
     hang_culprit,
     likely_cause,
 )
-from pytest_collectives.execution.rank import STACK_SIGNAL, rank_files, worker_main
+from pytest_collectives.execution.rank import STACK_SIGNAL, rank_files, tasks_taken, worker_main
 
 FAILURE_GRACE_S = 2.0  # how long the other ranks get to finish after one fails before they count as hung
 STACK_WAIT_S = 2.0
@@ -51,27 +54,33 @@ class WorkerGroup:
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[Connection] = []
         self.start_rss: list[int] = []
-        self.received: set[int] = set()  # the ranks that acknowledged the task in flight
+        self.taken = tasks_taken(spec.workdir, spec.world_size)
+        self.sent = 0  # tasks sent: a rank that took as many took the one in flight
         self.lost: list[RankReport] = []  # crashed before receiving it: they died after the test before
         self.files = [rank_files(spec.workdir, rank) for rank in range(spec.world_size)]  # read per test
         for rank in range(spec.world_size):
             parent_conn, child_conn = ctx.Pipe()
             proc = ctx.Process(
-                target=worker_main, args=(spec, rank, child_conn), name=f"collectives-rank{rank}", daemon=True
+                target=worker_main,
+                args=(spec, rank, child_conn),
+                name=f"collectives-rank{rank}",
+                daemon=True,
             )
             proc.start()
             child_conn.close()
             self.procs.append(proc)
             self.conns.append(parent_conn)
+        # each rank's pipe, and its process's sentinel (readable once it has exited)
+        self._rank_of = {fd: rank for rank in range(spec.world_size) for fd in self._fds(rank)}
 
     def dead(self) -> list[RankReport]:
         """The ranks that died since their last answer. Such a rank is seen by its pipe at EOF at once (a
         readable pipe with no task in flight can only be EOF), before the forkserver reaps it."""
-        return [
-            self._crashed(rank)
-            for rank, (proc, conn) in enumerate(zip(self.procs, self.conns, strict=True))
-            if not proc.is_alive() or conn.poll()
-        ]
+        ranks = {self._rank_of[fd] for fd in _readable(self._rank_of)}
+        return [self._crashed(rank) for rank in sorted(ranks)]
+
+    def _fds(self, rank: int) -> tuple[int, int]:
+        return self.conns[rank].fileno(), self.procs[rank].sentinel
 
     @property
     def pids(self) -> list[int]:
@@ -84,7 +93,8 @@ class WorkerGroup:
 
     def run(self, task: Task, timeout_s: float) -> tuple[GroupOutcome, list[RankResult]]:
         payload = pickle.dumps(task)
-        self.received, self.lost = set(), []
+        self.sent += 1
+        self.lost = []
         # A larger task blocks its writer until the rank reads it, and a live rank that stopped reading
         # would block the controller for ever: such tasks are written by one thread per rank, and a rank
         # that never takes its task is reported hung by _collect's deadline like any other.
@@ -121,24 +131,23 @@ class WorkerGroup:
         failures: list[int] = []  # in the order they arrived
         failed_at = 0.0
         deadline = time.monotonic() + timeout_s
-        by_conn = {conn: rank for rank, conn in enumerate(self.conns)}
-        by_sentinel = {p.sentinel: rank for rank, p in enumerate(self.procs)}
+        # one poll object for the whole wait: multiprocessing's wait() builds a selector at each call
+        poller = select.poll()
+        for fd in self._rank_of:
+            poller.register(fd, select.POLLIN)
         while len(reports) < n and not self.lost:
             limit = min(deadline, failed_at + FAILURE_GRACE_S) if failures else deadline
-            waiting = [c for c, r in by_conn.items() if r not in reports]
-            waiting += [s for s, r in by_sentinel.items() if r not in reports]
-            ready = wait(waiting, timeout=max(0.0, limit - time.monotonic()))
+            ready = poller.poll(max(0, math.ceil((limit - time.monotonic()) * 1e3)))
             if not ready:
                 break
-            for obj in ready:
-                rank = by_conn.get(obj, by_sentinel.get(obj))  # type: ignore[arg-type]
+            for fd, _ in ready:
+                rank = self._rank_of[fd]
                 if rank in reports:
                     continue
-                report = self._receive(rank, results)
-                if report is None:
-                    continue
-                reports[rank] = report
-                if results is not None and report.status == CRASHED and rank not in self.received:
+                reports[rank] = report = self._receive(rank, results)
+                for answered in self._fds(rank):
+                    poller.unregister(answered)
+                if results is not None and report.status == CRASHED and not self.took_it(rank):
                     self.lost.append(report)  # the test is to be run again: no need to wait for it
                 elif report.status in (FAILED, CRASHED):
                     failed_at = failed_at if failures else time.monotonic()
@@ -147,29 +156,27 @@ class WorkerGroup:
         if missing:
             stacks = {} if self.lost else self._dump_stacks(missing)
             for rank in missing:
-                # (a receipt that arrived with the deadline is still in the pipe: poll sees it)
-                idle = results is not None and rank not in self.received and not self.conns[rank].poll()
+                idle = results is not None and not self.took_it(rank)
                 why = "it never received this test: it stopped reading tasks after the previous one" * idle
                 reports[rank] = RankReport(rank, HUNG, why, stack=stacks.get(rank, "(no stack was written)"))
         outcome = GroupOutcome([reports[r] for r in range(n)], likely_cause(reports, failures), timeout_s)
         if missing and not failures:
             outcome.culprit = hang_culprit({r: reports[r].stack for r in missing})
-        self._attach_output(outcome)
+        self._attach_output(outcome, quiet={r.rank for r in results or () if not r.printed})
         if missing or any(r.status == CRASHED for r in outcome.ranks):
             outcome.replaced.append("a rank hung or crashed")
             self.kill()
         return outcome
 
-    def _receive(self, rank: int, results: list[RankResult] | None) -> RankReport | None:
+    def took_it(self, rank: int) -> bool:
+        """Whether ``rank`` took the task in flight (a rank that died before did not die in the test)."""
+        return self.taken[rank] == self.sent
+
+    def _receive(self, rank: int, results: list[RankResult] | None) -> RankReport:
         conn = self.conns[rank]
         try:
-            if conn.poll():
+            if _readable([conn.fileno()]):  # not only the process's exit
                 kind, payload = conn.recv()
-                if kind == "started":
-                    self.received.add(rank)
-                    if not conn.poll():  # a short test's result is often there already: no second wakeup
-                        return None
-                    kind, payload = conn.recv()
                 if kind == "ready":
                     return RankReport(rank, "passed")
                 results.append(payload)  # type: ignore[union-attr]
@@ -203,8 +210,12 @@ class WorkerGroup:
             sizes = now
         return {r: _test_frames(text) for r, p in files.items() if (text := _read(p))}
 
-    def _attach_output(self, outcome: GroupOutcome) -> None:
+    def _attach_output(self, outcome: GroupOutcome, quiet: set[int]) -> None:
+        """Each rank's captured output, read from its files, but for the ``quiet`` ranks (they said they
+        wrote none: 16 files at 8 ranks need not be looked at after each call)."""
         for report in outcome.ranks:
+            if report.rank in quiet:
+                continue
             files = self.files[report.rank]
             report.stdout = _read(files["stdout"])
             report.stderr = _read(files["stderr"])
@@ -224,7 +235,7 @@ class WorkerGroup:
             proc.join(timeout=5.0)
         for conn in self.conns:
             conn.close()
-        self.procs, self.conns = [], []
+        self.procs, self.conns, self._rank_of = [], [], {}
         shutil.rmtree(self.spec.workdir, ignore_errors=True)
 
     def stop(self) -> None:
@@ -238,6 +249,11 @@ class WorkerGroup:
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
+
+
+def _readable(fds: Iterable[int]) -> list[int]:
+    """Those of ``fds`` that can be read now (a message, EOF, or an exited process's sentinel)."""
+    return select.select(list(fds), [], [], 0)[0]
 
 
 def _send(conn: Connection, payload: bytes) -> None:

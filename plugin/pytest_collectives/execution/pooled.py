@@ -53,7 +53,7 @@ class PooledLauncher:
         if any(item.get_closest_marker("world_size") for item in items):
             from pytest_collectives.execution.forkserver import forkserver_context, warm_up
 
-            warm_up(forkserver_context())
+            warm_up(forkserver_context(), training=any(item.get_closest_marker("training") for item in items))
 
     @contextlib.contextmanager
     def hypothesis_settings(self, fn: Any) -> Iterator[None]:

@@ -23,8 +23,10 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import mmap
 import os
 import random
+import resource
 import select
 import signal
 import sys
@@ -65,6 +67,19 @@ def rank_files(workdir: str | Path, rank: int) -> dict[str, Path]:
     """Where a rank's stdout, stderr and stack dump land: the controller reads them even after a kill."""
     base = Path(workdir)
     return {kind: base / f"rank{rank}.{kind}" for kind in ("stdout", "stderr", "stack")}
+
+
+def tasks_taken(workdir: str | Path, world_size: int) -> memoryview:
+    """How many tasks each rank has taken, in a file that pytest and the ranks map: a rank counts each task
+    as it takes it, and pytest reads the count only for a rank that died or hung (did it die in the test?),
+    so no rank spends a message on it, nor pytest a wakeup. pytest creates the file, before the ranks."""
+    fd = os.open(Path(workdir, "taken"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if not os.fstat(fd).st_size:
+            os.ftruncate(fd, 8 * world_size)
+        return memoryview(mmap.mmap(fd, 8 * world_size)).cast("q")
+    finally:
+        os.close(fd)
 
 
 @dataclasses.dataclass(repr=False)
@@ -170,7 +185,12 @@ class _Capture:
     def reset(self) -> None:
         self.flush()
         for fd in self.fds.values():
-            os.ftruncate(fd, 0)
+            if os.fstat(fd).st_size:  # most tests print nothing
+                os.ftruncate(fd, 0)
+
+    def written(self) -> bool:
+        self.flush()
+        return any(os.fstat(fd).st_size for fd in self.fds.values())
 
     @staticmethod
     def flush() -> None:
@@ -387,6 +407,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         noted=noted,
         examples=tally.ran or 1,
         failed_example=tally.failed_example,
+        timeline=(start, start + duration),
     )
 
 
@@ -406,13 +427,18 @@ def _hypothesis_calls(noted: list[tuple[str, str, str]]) -> Any:
         noted.extend(("event", str(value), str(payload)) for value, payload in data.events.items())
 
 
-def run_task(task: Task, ctx: RankContext, capture: _Capture) -> RankResult:
+def run_task(task: Task, ctx: RankContext, capture: _Capture, statm: int) -> RankResult:
     capture.reset()
     result = call_test(task, ctx, lambda: resolve_test(task))
-    capture.flush()
-    # The pool replaces a group whose ranks grew too much; under SPMD nothing reads it.
-    result.rss_bytes = os.sysconf("SC_PAGE_SIZE") * int(Path("/proc/self/statm").read_text().split()[1])
+    result.printed = capture.written()
+    result.rss_bytes = resident_bytes(statm)  # the pool replaces a group whose ranks grew too much
     return result
+
+
+def resident_bytes(statm: int) -> int:
+    """This process's resident set, from its /proc statm file held open as ``statm``: opening the file
+    for each test cost a rank 40 us of the 150 it spent outside the test (docs/measurements.md)."""
+    return resource.getpagesize() * int(os.pread(statm, 128, 0).split()[1])
 
 
 # --- test-only fault injection (COLLECTIVES_FAULT, see the module docstring) -------------------------
@@ -442,8 +468,6 @@ def inject_fault(point: str, rank: int) -> None:
     elif kind == "segfault":
         ctypes.string_at(0)
     elif kind == "memory":
-        import resource
-
         # A cap just above what the process maps now: the MemoryError comes in milliseconds, and never
         # from the machine running out of memory.
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -498,6 +522,8 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     _die_with_controller(spec.controller_pid)
     files = rank_files(spec.workdir, rank)
     capture = _Capture(files)
+    statm = os.open("/proc/self/statm", os.O_RDONLY)
+    taken = tasks_taken(spec.workdir, spec.world_size)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(STACK_SIGNAL, file=open(files["stack"], "w"), all_threads=True)  # noqa: SIM115
     os.environ.clear()
@@ -533,7 +559,10 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
         if task is None:
             inject_fault("teardown", rank)
             break
-        conn.send(("started", rank))  # a rank that dies before this did not die in the test
-        conn.send(("result", run_task(task, ctx, capture)))
+        took = time.perf_counter()
+        taken[rank] += 1  # a rank that dies before this did not die in the test
+        result = run_task(task, ctx, capture, statm)
+        result.timeline = (took, *result.timeline, time.perf_counter())
+        conn.send(("result", result))
         inject_fault("between", rank)
     os._exit(0)  # skip interpreter teardown: torch's atexit hooks can block on a broken group

@@ -232,22 +232,25 @@ def replay_hypothesis_calls(outcome: GroupOutcome) -> None:
 SCAN_LIMIT = 400  # files read to tell whether a session's paths hold distributed tests
 
 
-def mentions_world_size(paths: Iterable[Path]) -> bool:
-    """Whether a Python file among ``paths`` (files, or folders walked past their hidden and environment
-    folders, SCAN_LIMIT files at most) names ``world_size``: a session that will start worker groups."""
+def mentioned(paths: Iterable[Path], words: tuple[str, ...]) -> set[str]:
+    """Which of ``words`` the Python files among ``paths`` name (files, or folders walked past their hidden
+    and environment folders, SCAN_LIMIT files at most). ``world_size``: a session that will start worker
+    groups; ``mark.training``: one whose ranks will import the training stacks."""
+    found: set[str] = set()
     read = 0
     for path in paths:
         files = [path] if path.is_file() else _python_files(path)
         for file in files:
-            if read >= SCAN_LIMIT:
-                return False
+            if read >= SCAN_LIMIT or len(found) == len(words):
+                return found
             read += 1
             try:
-                if file.suffix == ".py" and "world_size" in file.read_text(errors="replace"):
-                    return True
+                if file.suffix == ".py":
+                    text = file.read_text(errors="replace")
+                    found.update(word for word in words if word in text)
             except OSError:
                 continue
-    return False
+    return found
 
 
 def _python_files(folder: Path) -> Iterator[Path]:
