@@ -137,6 +137,29 @@ class StorageCopiedAsDense(ReferenceBackend):
         return work
 
 
+class StridesInFloat32Bytes(ReferenceBackend):
+    """all_gather packs a non-contiguous input by byte offsets reckoned for 4-byte elements, as a pack
+    kernel written for float32 would: right in float32 and int32, in every layout; wrong in any other
+    element size."""
+
+    name = "mutant_strides_in_float32_bytes"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        return super().allgather(outputs, [_packed_as_if_4_bytes(t) for t in inputs], opts)
+
+
+def _packed_as_if_4_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.is_contiguous():
+        return tensor
+    size, storage = tensor.element_size(), tensor.untyped_storage()
+    raw = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+    offsets = torch.arange(storage.nbytes() // size).as_strided(
+        tensor.shape, tensor.stride(), tensor.storage_offset()
+    )
+    at = (offsets * 4).unsqueeze(-1) + torch.arange(size)  # the bug: 4 where ``size`` belongs
+    return raw[at.clamp(max=storage.nbytes() - 1).to(tensor.device)].view(tensor.dtype).reshape(tensor.shape)
+
+
 def _as_if_dense(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s storage read in memory order, with the strides of a contiguous tensor of its shape."""
     return tensor.as_strided(tensor.shape, torch.empty(tensor.shape, device="meta").stride())
@@ -377,6 +400,7 @@ MUTANTS = [
     CoalescedSumsUnderAnyOp,
     ChannelsLastWrittenContiguous,
     StorageCopiedAsDense,
+    StridesInFloat32Bytes,
     RefusalLeavesGroupOpen,
     NanDroppedInMinMax,
 ]

@@ -303,27 +303,41 @@ def test_the_reference_backend_passes_what_its_mutants_fail(pytester: pytest.Pyt
 
 @python_backends
 @pytest.mark.parametrize(
-    "backend, failing",
+    "backend, failing, wrong_in_float32",
     [
         (
             "mutant_channels_last_written_contiguous",
             ("strided", "channels_last", "contiguous_to_channels_last"),
+            True,
         ),
         # right when both sides share a layout: only a call from one layout into another catches it
         (
             "mutant_storage_copied_as_dense",
             ("strided", "channels_last_to_contiguous", "contiguous_to_channels_last"),
+            True,
+        ),
+        # right in float32, the one dtype the layout test tried before it swept the element sizes
+        (
+            "mutant_strides_in_float32_bytes",
+            ("strided", "channels_last", "channels_last_to_contiguous"),
+            False,
         ),
     ],
 )
-def test_a_layout_moved_as_if_dense_fails_the_layout_test(pytester: pytest.Pytester, backend, failing):
-    """test_layouts.py, proved on backends whose all_gather writes its outputs, or copies its storage, as
-    if dense: each layout pair that moves the wrong elements fails with the part and the rank named, and
-    the other passes (all_gather_into_tensor: N/A, the Python backends lack it)."""
+def test_a_layout_moved_as_if_dense_fails_the_layout_test(
+    pytester: pytest.Pytester, backend, failing, wrong_in_float32
+):
+    """test_layouts.py, proved on backends whose all_gather writes its outputs, copies its storage, or packs
+    its input, as if dense: each layout pair that moves the wrong elements fails with the part, the rank
+    and the dtype named, and the other passes (all_gather_into_tensor: N/A, the Python backends lack it)."""
     result = run_on_backend(pytester, backend, "test_layouts.py", "-k", "all_gather")
     result.assert_outcomes(failed=3, passed=1, skipped=4)
     wrong = "all_gather: rank ?'s part on rank ?: * elements wrong"
     result.stdout.fnmatch_lines_random([f"*AssertionError: {layout} {wrong}*" for layout in failing])
+    named = [line for line in result.outlines if "the failing example: tensors=Tensors(dtype=" in line]
+    # float32 is each call's first example: a mutant right in it fails in another
+    assert len(named) == 3, named
+    assert all(("dtype=torch.float32," in line) == wrong_in_float32 for line in named), named
 
 
 @python_backends

@@ -7,29 +7,35 @@ or refuse the layout in its own words (NCCL: "Tensors must be contiguous"). One 
 storage as if it were dense moves the wrong elements, silently (gloo's all_reduce of a strided view,
 pytorch issue 163483 for channels_last). One that copies the storage byte for byte is right whenever
 both sides share a layout: only a call from one layout into another shows it (NCCL's
-all_gather_into_tensor at one rank). The algorithms under test make their tensors dense first
-(collectives._dense): only here does a layout reach the backend. Where a backend gets a call wrong, the
-known-bug manifest (suites/known_bugs.json) says which, and any other failure of that call still fails.
+all_gather_into_tensor at one rank). Each call runs in a dtype of every element size the backend takes
+for it, so that one packing a layout with a fixed element size in mind is caught too. The algorithms
+under test make their tensors dense first (collectives._dense): only here does a layout reach the
+backend. Where a backend gets a call wrong, the known-bug manifest (suites/known_bugs.json) says which,
+and any other failure of that call still fails.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import assume
+from hypothesis import strategies as st
 
+from pytest_collectives import sweep
 from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
 from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input
-from pytest_collectives.conformance.capabilities import refusal
-from pytest_collectives.conformance.cases import assert_moved, sentinel
+from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCTIONS, refusal
+from pytest_collectives.conformance.cases import assert_moved, sentinel, supported_cells, tiers_at
+from pytest_collectives.execution.session import item_parameter, item_world_sizes
 
 pytestmark = pytest.mark.conformance
 
 # (N, C, H, W) with C > 1 and H * W > 1, so that channels_last and contiguous strides differ
-SHAPE = (2, 3, 2, 5)
-DTYPE = torch.float32
+SHAPES = ((2, 3, 2, 5), (1, 2, 3, 2), (3, 4, 1, 3), (1, 5, 2, 2), (2, 2, 3, 3))
 # each test's name for its layouts -> (the inputs', the outputs')
 LAYOUTS = {
     "strided": ("strided", "strided"),
@@ -52,27 +58,62 @@ def arranged(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.T
     return view
 
 
+@dataclasses.dataclass(frozen=True)
+class Tensors:
+    """The dtype and shape of every tensor of one call."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def tensors_of_each_size() -> st.SearchStrategy[list[Tensors]]:
+    """For the running test's call, as one sweep (``pytest_collectives.sweep``): float32 in the first shape
+    (the call as it always ran), then, at the world sizes where the size tiers run (``cases.tiers_at``), a
+    dtype of each element size the backend takes for the call, each in another shape; which dtype of a
+    size, and which shape, turn with a drawn ``turn``. A backend that packs or copies a layout with a fixed
+    element size in mind gets one of them wrong."""
+    return st.integers(0, 1 << 16).map(_of_each_size)
+
+
+def _of_each_size(turn: int) -> list[Tensors]:
+    probed = CALLS[item_parameter("name")][1]
+    op = "sum" if probed in REDUCTIONS else NO_OP
+    dtypes = [dtype for dtype, _ in supported_cells([probed], DTYPES, (op,))]
+    if not dtypes:
+        return []
+    first = torch.float32 if torch.float32 in dtypes else dtypes[0]
+    listed = [Tensors(first, SHAPES[0])]  # the first shape is the first example's alone
+    if not tiers_at(item_parameter("world_size"), item_world_sizes()):
+        return listed  # the other sizes where the size tiers run: packing a layout is a rank's own work
+    for i, size in enumerate(sorted({dtype.itemsize for dtype in dtypes})):
+        alike = [dtype for dtype in dtypes if dtype.itemsize == size and dtype != first]
+        if alike:
+            listed.append(Tensors(alike[(turn + i) % len(alike)], SHAPES[1 + (turn + i) % (len(SHAPES) - 1)]))
+    return listed
+
+
 class Call:
     """One backend call on this rank: the layout's tensors in, and what each output must then hold."""
 
-    def __init__(self, pg, layout: str) -> None:
+    def __init__(self, pg, layout: str, tensors: Tensors) -> None:
         self.n, self.me, self.root = pg.world_size, pg.rank, pg.world_size - 1
         self.layout, self.device, self.seed = layout, pg.device, pg.seed
         self.input_layout, self.output_layout = LAYOUTS[layout]
+        self.dtype, self.shape = tensors.dtype, tensors.shape
         self.checks: list[Callable[[], None]] = []
 
     def input(self, rank: int, peer: int = 0, blocks: int = 1) -> torch.Tensor:
-        """What ``rank`` sends ``peer`` (the same on every rank): ``blocks`` of SHAPE along dim 0."""
-        shape = (blocks * SHAPE[0], *SHAPE[1:])
-        return rank_input(self.seed, rank * 16 + peer, shape, DTYPE)
+        """What ``rank`` sends ``peer`` (the same on every rank): ``blocks`` of the shape along dim 0."""
+        shape = (blocks * self.shape[0], *self.shape[1:])
+        return rank_input(self.seed, rank * 16 + peer, shape, self.dtype)
 
     def laid(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as the call's inputs are laid out."""
         return arranged(tensor, self.input_layout, self.device)
 
-    def unwritten(self, shape: tuple[int, ...] = SHAPE) -> torch.Tensor:
+    def unwritten(self, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """A sentinel-filled tensor as the call's outputs are laid out."""
-        return arranged(sentinel(shape, DTYPE, "cpu"), self.output_layout, self.device)
+        return arranged(sentinel(shape or self.shape, self.dtype, "cpu"), self.output_layout, self.device)
 
     def output(self, expected: torch.Tensor, what: str) -> torch.Tensor:
         """A sentinel-filled output, checked after the call to hold ``expected``'s bits."""
@@ -165,7 +206,7 @@ def _send_recv(c: Call) -> None:
     except Exception:
         # every rank's send is in flight: take it into a dense tensor, so that the refusal leaves the group
         # with nothing in flight (else it is replaced, 2 s a world size on gloo)
-        dist.irecv(torch.empty(SHAPE, dtype=DTYPE, device=c.device), source).wait()
+        dist.irecv(torch.empty(c.shape, dtype=c.dtype, device=c.device), source).wait()
         sending.wait()
         raise
     sending.wait()
@@ -203,13 +244,18 @@ IN_PLACE = {"all_reduce", "reduce"}
         if inputs == outputs or name not in IN_PLACE
     ],
 )
-def test_backend_call_in_a_layout(pg, name, layout):
-    """The call moves and reduces the elements in logical order, or refuses the layout in its own words."""
-    call = Call(pg, layout)
+@sweep(tensors=tensors_of_each_size())
+def test_backend_call_in_a_layout(pg, name, layout, tensors):
+    """The call moves and reduces the elements in logical order, or refuses the layout in its own words.
+    A refusal of the first example makes the test N/A; of a later one, that example alone (gloo takes some
+    channels_last shapes in all_to_all_single, not others): a failure before it still fails the test."""
+    call = Call(pg, layout, tensors)
     try:
         CALLS[name][0](call)
     except Exception as exc:
         if reason := refusal(exc, pg.backend):
+            if tensors.shape != SHAPES[0]:
+                assume(False)  # hypothesis.reject() needs the engine, which is pytest's
             inputs, outputs = LAYOUTS[layout]
             what = f"a {layout} tensor" if inputs == outputs else f"a {inputs} input into a {outputs} output"
             pytest.skip(f"N/A: {pg.backend} refuses {name} of {what}: {reason}")
