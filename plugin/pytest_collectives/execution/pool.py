@@ -252,8 +252,12 @@ class WorkerGroup:
 
 
 def _readable(fds: Iterable[int]) -> list[int]:
-    """Those of ``fds`` that can be read now (a message, EOF, or an exited process's sentinel)."""
-    return select.select(list(fds), [], [], 0)[0]
+    """Those of ``fds`` that can be read now (a message, EOF, or an exited process's sentinel). By poll, as
+    below: select() can't take a descriptor numbered 1024 or more, which a long session may hand out."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(0)]
 
 
 def _send(conn: Connection, payload: bytes) -> None:
