@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from pytest_collectives import sweep
 from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
 from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input
+from pytest_collectives.backends import keeps_state_after_a_raise
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCTIONS, refusal
 from pytest_collectives.conformance.cases import assert_moved, sentinel, supported_cells, tiers_at
 from pytest_collectives.execution.session import item_parameter, item_world_sizes
@@ -247,14 +248,15 @@ IN_PLACE = {"all_reduce", "reduce"}
 @sweep(tensors=tensors_of_each_size())
 def test_backend_call_in_a_layout(pg, name, layout, tensors):
     """The call moves and reduces the elements in logical order, or refuses the layout in its own words.
-    A refusal of the first example makes the test N/A; of a later one, that example alone (gloo takes some
-    channels_last shapes in all_to_all_single, not others): a failure before it still fails the test."""
+    A refusal of the first example makes the test N/A; of a later one, on gloo, that example alone (it
+    takes some channels_last shapes in all_to_all_single, not others): a failure before it still fails."""
     call = Call(pg, layout, tensors)
     try:
         CALLS[name][0](call)
     except Exception as exc:
         if reason := refusal(exc, pg.backend):
-            if tensors.shape != SHAPES[0]:
+            # (not where a raise may leave the backend inside a group call: the next example could hang)
+            if tensors.shape != SHAPES[0] and not keeps_state_after_a_raise(pg.backend):
                 assume(False)  # hypothesis.reject() needs the engine, which is pytest's
             inputs, outputs = LAYOUTS[layout]
             what = f"a {layout} tensor" if inputs == outputs else f"a {inputs} input into a {outputs} output"
