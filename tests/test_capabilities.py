@@ -336,8 +336,7 @@ def test_a_layout_moved_as_if_dense_fails_the_layout_test(
     result.stdout.fnmatch_lines_random([f"*AssertionError: {layout} {wrong}*" for layout in failing])
     named = [line for line in result.outlines if "the failing example: tensors=Tensors(dtype=" in line]
     # float32 is each call's first example: a mutant right in it fails in another
-    assert len(named) == 3, named
-    assert all(("dtype=torch.float32," in line) == wrong_in_float32 for line in named), named
+    assert named and all(("dtype=torch.float32," in line) == wrong_in_float32 for line in named), named
 
 
 @python_backends
