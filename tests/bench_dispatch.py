@@ -9,28 +9,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-from pytest_collectives.execution.messages import Task
+from helpers import module_task
+
 from pytest_collectives.execution.pool import GroupPool
 
 EMPTY_TEST = "def test_empty(pg):\n    pass\n"
-
-
-def empty_task(directory: Path) -> Task:
-    (directory / "bench_empty.py").write_text(EMPTY_TEST)
-    return Task(
-        nodeid="bench_empty.py::test_empty",
-        module="bench_empty",
-        path=str(directory / "bench_empty.py"),
-        qualname="test_empty",
-        kwargs={"pg": None},
-        seed=0,
-        sys_path=[str(directory), *sys.path],
-    )
 
 
 def timed(fn) -> float:  # noqa: ANN001
@@ -44,7 +29,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200, help="empty tests per warm group")
     parser.add_argument("--spawn-repeat", type=int, default=3, help="spawn-per-test samples")
     args = parser.parse_args()
-    task = empty_task(Path(tempfile.mkdtemp(prefix="bench-dispatch-")))
+    task = module_task(EMPTY_TEST, "test_empty")
 
     pool = GroupPool("gloo", timeout_s=60)
     try:

@@ -144,14 +144,11 @@ PHASES = (
 
 def phases(n: int, body: str, k: int) -> dict[str, float]:
     """Median seconds of each of PHASES over ``k`` calls of a test whose body is ``body`` (rank 0's)."""
-    from pytest_collectives.execution.messages import Task
+    from helpers import module_task
+
     from pytest_collectives.execution.pool import GroupPool
 
-    directory = Path(tempfile.mkdtemp(prefix="bench-phases-"))
-    module = f"import torch, torch.distributed as dist\ndef test(pg):\n{body}"
-    (directory / "bench_phases.py").write_text(module)
-    task = Task("bench_phases.py::test", "bench_phases", str(directory / "bench_phases.py"), "test",
-                {"pg": None}, 0, [str(directory), *sys.path])  # fmt: skip
+    task = module_task(f"import torch, torch.distributed as dist\ndef test(pg):\n{body}", "test")
     pool = GroupPool("gloo", timeout_s=60)
     rows = []
     try:

@@ -10,11 +10,9 @@ Timings are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import sys
-import tempfile
-from pathlib import Path
 
-from pytest_collectives.execution.messages import Task
+from helpers import module_task
+
 from pytest_collectives.execution.pool import GroupPool
 
 RANK_SIDE = """
@@ -63,17 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=16)
     args = parser.parse_args()
-    directory = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    (directory / "bench_overhead_rank.py").write_text(RANK_SIDE)
-    task = Task(
-        nodeid="bench_overhead_rank.py::test_overhead",
-        module="bench_overhead_rank",
-        path=str(directory / "bench_overhead_rank.py"),
-        qualname="test_overhead",
-        kwargs={"pg": None, "mib": args.mib},
-        seed=0,
-        sys_path=[str(directory), *sys.path],
-    )
+    task = module_task(RANK_SIDE, "test_overhead", mib=args.mib)
     pool = GroupPool("gloo", timeout_s=300)
     try:
         outcome = pool.run(task, 2)

@@ -1,12 +1,16 @@
 """What several test modules share: how they load the plugin in a subprocess, a CPU fingerprint, JUnit
-outcomes, and the node report's input data (an 8-GPU RTX 3090 node and a CPU machine)."""
+outcomes, the node report's input data (an 8-GPU RTX 3090 node and a CPU machine), and the task the bench
+scripts hand a warm group directly."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from pytest_collectives.execution.messages import Task
 from pytest_collectives.topology.machine import Fingerprint, GpuInfo, parse_topo_matrix, topology_id
 
 # Load the plugin by module name, so a checkout's copy on PYTHONPATH wins over an installed one.
@@ -136,3 +140,19 @@ def copy_conformance(directory: Path, files: tuple[str, ...] = (), conftest_extr
     (directory / "known_bugs.json").write_text((SUITES / "known_bugs.json").read_text())
     for name in files:
         (directory / name).write_text((SUITES / "conformance" / name).read_text())
+
+
+def module_task(source: str, function: str, **kwargs: object) -> Task:
+    """The task of calling ``function`` (taking ``pg`` and ``kwargs``) of a module of ``source`` written to a
+    folder of its own: what the bench scripts hand a warm group (``GroupPool``), with no pytest between."""
+    directory = Path(tempfile.mkdtemp(prefix="bench-task-"))
+    (directory / "bench_task.py").write_text(source)
+    return Task(
+        nodeid=f"bench_task.py::{function}",
+        module="bench_task",
+        path=str(directory / "bench_task.py"),
+        qualname=function,
+        kwargs={"pg": None, **kwargs},
+        seed=0,
+        sys_path=[str(directory), *sys.path],
+    )
