@@ -668,6 +668,34 @@ def test_groups_take_the_gpus_pytest_may_use() -> None:
         group_devices(3, "4,5")
 
 
+def test_ranks_that_outnumber_the_cores_each_keep_to_one() -> None:
+    from pytest_collectives.execution.pool import rank_cores
+
+    assert rank_cores([0, 1], 5) == (0, 1, 0, 1, 0)
+    assert rank_cores([4, 6, 7], 4) == (4, 6, 7, 4)
+    assert rank_cores([0, 1], 2) == ()  # a core each: left to the scheduler
+    assert rank_cores(range(16), 8) == ()
+
+
+def test_a_rank_runs_on_the_core_it_was_given(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The session sees one core, so its 2 ranks share it; the ranks, processes of their own, read their
+    # real affinity.
+    core = max(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {core})
+    monkeypatch.setenv("THE_ONE_CORE", str(core))
+    make(
+        pytester,
+        """
+        @pytest.mark.world_size(2)
+        def test_affinity(pg):
+            assert os.sched_getaffinity(0) == {int(os.environ["THE_ONE_CORE"])}
+        """,
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
 def test_ranks_see_the_environment_pytest_has_when_their_group_starts(pytester: pytest.Pytester) -> None:
     make(
         pytester,

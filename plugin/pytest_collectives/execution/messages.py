@@ -29,6 +29,9 @@ class GroupSpec:
     modules: tuple[str, ...] = ()  # --backend-module: imported before the group starts
     sys_path: tuple[str, ...] = ()  # where to import them from: pytest's sys.path
     algorithms: tuple[tuple[str, str], ...] = ()  # (module, file) that registered users' algorithms
+    # rank r's core (cores[r]) where the group has more ranks than the session has cores; empty: the
+    # scheduler places the ranks (pool.rank_cores says why)
+    cores: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

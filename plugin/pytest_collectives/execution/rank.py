@@ -540,6 +540,9 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     else:
         device = torch.device("cpu")
     devices.select(device)
+    if spec.cores:  # before torch and the backend start their threads, which inherit it
+        with contextlib.suppress(OSError):  # a core taken away since (cgroups): only slower unpinned
+            os.sched_setaffinity(0, {spec.cores[rank]})
     torch.set_num_threads(spec.threads_per_rank)
     _track_async_ops()
     ctx = RankContext(rank, spec.world_size, spec.backend, device, seed=0)
