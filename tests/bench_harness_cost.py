@@ -15,7 +15,8 @@ round alternate between the kinds, so a machine that slows down for a while slow
   dispatch by ``@pytest_collectives.examples``: the body and its check;
 - ``bare2``/``bare8``: the same all_reduce in a bare loop of 2000 on 2 and 8 spawned ranks, no pytest: the
   backend call's own cost, which an example cannot go below; ``bare8x97`` and the like: of 97 elements
-  (gloo at 8 ranks on 2 cores: 3 ms a call for one element, 13 to 21 ms for 8 and more);
+  (gloo at 8 ranks on 2 cores: 3 ms a call for one element, 13 to 21 ms for 8 and more); ending in ``p``
+  (``bare8x97p``), each rank kept to one core as the harness places ranks that outnumber the cores;
 - ``phases2``/``phases8``: a warm group of 2 or 8 ranks driven directly (no pytest), an empty test and
   the all_reduce test, split by the clock readings each rank returns (``RankResult.timeline``): from
   pytest's send to the first and the last rank taking the task, the rank's work before the body, the
@@ -103,10 +104,15 @@ def test_example(pg, i):
 BARE_ITERATIONS = 2000
 
 
-def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any) -> None:
+def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any, pinned: bool) -> None:
     import torch
     import torch.distributed as dist
 
+    from pytest_collectives.execution.pool import rank_cores
+
+    cores = rank_cores(sorted(os.sched_getaffinity(0)), n) if pinned else ()
+    if cores:
+        os.sched_setaffinity(0, {cores[rank]})
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     t = torch.ones(elements)
@@ -122,8 +128,9 @@ def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any) -> None
     dist.destroy_process_group()
 
 
-def bare(n: int, elements: int = 1) -> float:
-    """Seconds per all_reduce of ``elements`` float32 elements in a bare loop of ``n`` spawned gloo ranks."""
+def bare(n: int, elements: int = 1, pinned: bool = False) -> float:
+    """Seconds per all_reduce of ``elements`` float32 elements in a bare loop of ``n`` spawned gloo ranks,
+    ``pinned`` as the harness pins them (pool.rank_cores)."""
     import socket
 
     import torch.multiprocessing as mp
@@ -132,7 +139,7 @@ def bare(n: int, elements: int = 1) -> float:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     answer = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_bare_rank, args=(n, elements, port, answer), nprocs=n, start_method="spawn")
+    mp.start_processes(_bare_rank, args=(n, elements, port, answer, pinned), nprocs=n, start_method="spawn")
     return answer.get()
 
 
@@ -210,8 +217,8 @@ def main() -> None:
                     split.setdefault(f"{name} test at {n} ranks", []).append(phases(n, body, args.tests))
                 continue
             if kind.startswith("bare"):
-                ranks, _, elements = kind.removeprefix("bare").partition("x")
-                per_test[kind].append(bare(int(ranks), int(elements or 1)))
+                ranks, _, elements = kind.removeprefix("bare").removesuffix("p").partition("x")
+                per_test[kind].append(bare(int(ranks), int(elements or 1), kind.endswith("p")))
                 continue
             one, few = session(directory, kind, 1)
             many, ran = session(directory, kind, args.tests)
