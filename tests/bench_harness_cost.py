@@ -109,10 +109,9 @@ def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any, pinned:
     import torch.distributed as dist
 
     from pytest_collectives.execution.pool import rank_cores
+    from pytest_collectives.execution.rank import keep_to_core
 
-    cores = rank_cores(sorted(os.sched_getaffinity(0)), n) if pinned else ()
-    if cores:
-        os.sched_setaffinity(0, {cores[rank]})
+    keep_to_core(rank_cores(sorted(os.sched_getaffinity(0)), n) if pinned else (), rank)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     t = torch.ones(elements)

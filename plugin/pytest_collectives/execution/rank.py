@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -435,6 +435,13 @@ def run_task(task: Task, ctx: RankContext, capture: _Capture, statm: int) -> Ran
     return result
 
 
+def keep_to_core(cores: Sequence[int], rank: int) -> None:
+    """Keep this process, rank ``rank``, to its core of ``cores`` (``pool.rank_cores``; none if empty)."""
+    if cores:
+        with contextlib.suppress(OSError):  # a core taken away since (cgroups): only slower unpinned
+            os.sched_setaffinity(0, {cores[rank]})
+
+
 def resident_bytes(statm: int) -> int:
     """This process's resident set, from its /proc statm file held open as ``statm``: opening the file
     for each test cost a rank 40 us of the 150 it spent outside the test (docs/measurements.md)."""
@@ -540,9 +547,7 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     else:
         device = torch.device("cpu")
     devices.select(device)
-    if spec.cores:  # before torch and the backend start their threads, which inherit it
-        with contextlib.suppress(OSError):  # a core taken away since (cgroups): only slower unpinned
-            os.sched_setaffinity(0, {spec.cores[rank]})
+    keep_to_core(spec.cores, rank)  # before torch and the backend start their threads, which inherit it
     torch.set_num_threads(spec.threads_per_rank)
     _track_async_ops()
     ctx = RankContext(rank, spec.world_size, spec.backend, device, seed=0)
