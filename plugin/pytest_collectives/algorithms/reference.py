@@ -15,9 +15,8 @@ assume no overflow or underflow, which ``rank_input``'s values stay far from.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -63,18 +62,29 @@ def reduce_op(name: str) -> ReduceOp:
     return OPS[name]
 
 
-# Each reduces a stack of per-rank inputs along dim 0.
-_REDUCE = {
-    "sum": lambda wide: wide.sum(0),
-    "product": lambda wide: wide.prod(0),
-    "min": lambda wide: wide.amin(0),
-    "max": lambda wide: wide.amax(0),
-    "avg": lambda wide: wide.mean(0),
-    "premul_sum": lambda wide: (wide * PREMUL_FACTOR).sum(0),
-    "band": lambda wide: functools.reduce(torch.bitwise_and, wide.unbind()),
-    "bor": lambda wide: functools.reduce(torch.bitwise_or, wide.unbind()),
-    "bxor": lambda wide: functools.reduce(torch.bitwise_xor, wide.unbind()),
+# Each folds one more rank's input (widened) into the running result, in place: a stack of n inputs of
+# 1 Mi elements in float64 is 8n MiB, which every rank of a large example would build several times over.
+# AVG and PREMUL_SUM sum first and scale once at the end (reduce_reference).
+_FOLD: dict[str, Callable[[Tensor, Tensor], object]] = {
+    "sum": Tensor.add_,
+    "avg": Tensor.add_,
+    "premul_sum": Tensor.add_,
+    "product": Tensor.mul_,
+    "min": lambda acc, x: torch.minimum(acc, x, out=acc),
+    "max": lambda acc, x: torch.maximum(acc, x, out=acc),
+    "band": Tensor.bitwise_and_,
+    "bor": Tensor.bitwise_or_,
+    "bxor": Tensor.bitwise_xor_,
 }
+
+
+def _folded(inputs: Sequence[Tensor], fold: Callable[[Tensor, Tensor], object], wide: torch.dtype) -> Tensor:
+    # copy=True: .to() hands back an input that is already wide, which the fold would overwrite
+    acc = inputs[0].detach().cpu().to(wide, copy=True)
+    for x in inputs[1:]:
+        fold(acc, x.detach().cpu())  # promoted to acc's dtype element by element: no widened copy
+    return acc
+
 
 # Seeds of different ranks must never collide: seed * _RANK_STRIDE + rank is unique for rank < stride.
 _RANK_STRIDE = 1 << 20
@@ -161,8 +171,11 @@ def rank_input(
     elif values.kind != "small":
         drawn = _full(size, dtype, gen, values, op, members)
     elif dtype.is_floating_point:
-        magnitude = 2.0 ** (torch.rand(size, generator=gen, dtype=torch.float64) * 2 - 1)
-        drawn = (magnitude * _random_sign(size, gen)).to(dtype)
+        # drawn in float32 below float64: random to the dtype's last mantissa bit, at half the cost
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        magnitude = torch.exp2(torch.rand(size, generator=gen, dtype=work) * 2 - 1)
+        drawn = torch.where(torch.randint(0, 2, size, generator=gen, dtype=torch.bool), -magnitude, magnitude)
+        drawn = drawn.to(dtype)
     elif dtype.is_signed:
         drawn = (torch.randint(1, 9, size, generator=gen) * _random_sign(size, gen)).to(dtype)
     else:
@@ -251,7 +264,11 @@ def reduce_reference(inputs: Sequence[Tensor], op: str) -> Tensor:
     if not defined(dtype, op):
         raise ValueError(f"{op} has no exact reference for {dtype}")
     floating = dtype.is_floating_point or dtype.is_complex
-    result = _REDUCE[op](torch.stack([x.detach().cpu().to(_wide(dtype)) for x in inputs]))
+    result = _folded(inputs, _FOLD[op], _wide(dtype))
+    if op == "avg":
+        result /= len(inputs)
+    elif op == "premul_sum":
+        result *= PREMUL_FACTOR  # a power of two: the same as scaling each input first
     if floating:
         return result
     if dtype == torch.bool:
@@ -290,7 +307,11 @@ def error_bound(inputs: Sequence[Tensor], op: str) -> Tensor:
     included (tests/test_values.py). The float64 reference is itself a float64 reduction, so
     (n - 1) eps64 S joins every bound; it only matters for float64 inputs.
     """
-    expected = reduce_reference(inputs, op)
+    return _bound(inputs, op, reduce_reference(inputs, op))
+
+
+def _bound(inputs: Sequence[Tensor], op: str, expected: Tensor) -> Tensor:
+    """``error_bound`` around the reference ``expected``, which the caller has computed already."""
     dtype, n = inputs[0].dtype, len(inputs)
     if is_exact(dtype, op):
         return torch.zeros(expected.shape, dtype=torch.float64)
@@ -300,17 +321,20 @@ def error_bound(inputs: Sequence[Tensor], op: str) -> Tensor:
         # a complex multiplication rounds up to sqrt(5) u (Higham 3.6): 2 eps covers it with a margin
         per_step = 2 * (eps + eps64) if dtype.is_complex else eps + eps64
         return ((n - 1) * per_step + eps / 2) * exact
-    spread = torch.stack([x.detach().cpu().to(_wide(dtype)).abs() for x in inputs]).sum(0)
-    u, reference = eps / 2, (n - 1) * eps64 * spread
+    # |x| is exact in a real dtype; a complex one's is widened first, as its magnitude rounds
+    magnitudes = [(x.to(torch.complex128) if dtype.is_complex else x).abs() for x in inputs]
+    spread = _folded(magnitudes, Tensor.add_, torch.float64)
+    u, reference = eps / 2, (n - 1) * eps64  # the float64 reference's own error, per unit of spread
 
     def gamma(k: int) -> float:
         return k * u / (1 - k * u)
 
+    # scalar factors first: each whole-tensor operation costs as much as the reduction itself at 1 Mi
     if op == "premul_sum":
-        return gamma(n) * spread * PREMUL_FACTOR + reference * PREMUL_FACTOR + u * exact
+        return spread.mul_((gamma(n) + reference) * PREMUL_FACTOR).add_(exact, alpha=u)
     if op == "avg":
-        return ((gamma(n - 1) + 2 * u) * spread + reference) / n + 2 * u * exact
-    return gamma(n - 1) * spread + reference + u * exact
+        return spread.mul_((gamma(n - 1) + 2 * u + reference) / n).add_(exact, alpha=2 * u)
+    return spread.mul_(gamma(n - 1) + reference).add_(exact, alpha=u)
 
 
 def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str, values: Values = SMALL) -> None:
@@ -324,10 +348,11 @@ def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str, valu
     reduction says which (an AVG that is the SUM; a MAX folded as a SUM by code comparing ``op`` to a string).
     """
     dtype, n = inputs[0].dtype, len(inputs)
-    bound = None if values.exact(dtype, op, n) else error_bound(inputs, op)
+    expected = reduce_reference(inputs, op)
+    bound = None if values.exact(dtype, op, n) else _bound(inputs, op, expected)
     what = f"{op} over {n} ranks of {dtype}"
     try:
-        _assert_within(actual, reduce_reference(inputs, op), bound, dtype, what)
+        _assert_within(actual, expected, bound, dtype, what)
     except AssertionError as exc:
         other = _reduced_by(actual, inputs, exclude=op) if n > 1 else None
         if other is None:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import SCALE, SMALL, Values, defined, rank_input
 from pytest_collectives.conformance import capabilities as caps
+from pytest_collectives.conformance import shared_inputs
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
 from pytest_collectives.execution.session import item_parameter, item_world_sizes
 
@@ -109,9 +110,19 @@ class Case:
 
     def input(self, seed: int, key: int, shape: int | Sequence[int], members: int) -> torch.Tensor:
         """The input ``key`` (a rank, or a rank and a peer) of this example for a group of ``members``
-        ranks: every rank builds the same one (reference.rank_input)."""
+        ranks: every rank has the same one (reference.rank_input), drawn once per group where it is large
+        (shared_inputs)."""
         op = None if self.op == NO_OP else self.op
-        return rank_input(seed, key, shape, self.dtype, values=self.values, op=op, members=members)
+        size = (shape,) if isinstance(shape, int) else tuple(shape)
+        values = self.values
+        shown = (seed, key, "x".join(map(str, size)), self.dtype, values.kind, values.scale, op, members)
+        name = "-".join(map(str, shown))
+        return shared_inputs.drawn(
+            name,
+            size,
+            self.dtype,
+            lambda: rank_input(seed, key, size, self.dtype, values=values, op=op, members=members),
+        )
 
     def part(self, seed: int, rank: int, part: int, shape: int | Sequence[int], members: int) -> torch.Tensor:
         """Part ``part`` of rank ``rank``'s input (the block for a peer, one of several messages), drawn on

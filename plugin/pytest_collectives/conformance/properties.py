@@ -46,11 +46,17 @@ def run_all_reduce(
     if found is None:
         return None
     group, ranks, n, me = found
-    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
-    tensor = laid_out(inputs[me], case.layout, pg.device)
+    mine = case.input(pg.seed, pg.rank, case.size, n)
+    tensor = laid_out(mine, case.layout, pg.device)
     result = all_reduce(tensor, reduce_op(case.op), group=group)
     assert result is tensor, f"{name_of(all_reduce)} must work in place and return its tensor"
-    return result, inputs
+    return result, everyone(pg, case, ranks, mine)
+
+
+def everyone(pg: Any, case: Case, ranks: list[int], mine: torch.Tensor) -> list[torch.Tensor]:
+    """Every member's input, this rank's ``mine`` among them: taken after the call, which every member
+    entered with its own input drawn, so that a large one is read from the group's copy (shared_inputs)."""
+    return [mine if r == pg.rank else case.input(pg.seed, r, case.size, len(ranks)) for r in ranks]
 
 
 def all_reduce_matches_reference(pg: Any, all_reduce: Callable[..., torch.Tensor], case: Case) -> None:
@@ -108,12 +114,13 @@ def all_gather_matches_reference(
     if found is None:
         return
     group, ranks, n, me = found
-    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
+    drawn = case.input(pg.seed, pg.rank, case.size, n)
     output = sentinel((n, case.size) if stacked else n * case.size, case.dtype, pg.device)
     mine = output.view(n, -1)[me] if in_place else torch.empty(case.size, dtype=case.dtype, device=pg.device)
-    mine.copy_(inputs[me])
+    mine.copy_(drawn)
     result = all_gather(output, mine, group=group)
     assert result is output, f"{name_of(all_gather)} must return its output"
+    inputs = everyone(pg, case, ranks, drawn)
     expected = torch.stack(inputs) if stacked else torch.cat(inputs)
     what = f"{name_of(all_gather)} of {n} x {case.size} {case.dtype} on group rank {me}, stacked={stacked}"
     assert_moved(output, expected, what)
@@ -135,11 +142,11 @@ def all_to_all_matches_reference(
     source = laid_out(
         torch.cat([case.part(pg.seed, me, j, sizes[me][j], n) for j in range(n)]), case.layout, pg.device
     )
-    received = [case.part(pg.seed, i, me, sizes[i][me], n) for i in range(n)]
-    output = sentinel(sum(x.numel() for x in received), case.dtype, pg.device)
     column = [sizes[i][me] for i in range(n)]
+    output = sentinel(sum(column), case.dtype, pg.device)
     result = all_to_all(output, source, None if even else column, None if even else sizes[me], group=group)
     assert result is output, f"{name_of(all_to_all)} must return its output"
+    received = [case.part(pg.seed, i, me, sizes[i][me], n) for i in range(n)]  # after: the senders' copies
     assert_moved(output, torch.cat(received), f"{name_of(all_to_all)} on group rank {me}, splits {sizes}")
 
 
@@ -175,11 +182,12 @@ def broadcast_matches_reference(pg: Any, broadcast: Callable[..., torch.Tensor],
         return
     group, ranks, n, me = found
     root = case.root % n
-    sent = case.input(pg.seed, ranks[root], case.size, n)
-    start = sent if me == root else sentinel(case.size, case.dtype, "cpu")
+    at_root = me == root
+    start = case.input(pg.seed, pg.rank, case.size, n) if at_root else sentinel(case.size, case.dtype, "cpu")
     tensor = laid_out(start, case.layout, pg.device)
     result = broadcast(tensor, root, group=group)
     assert result is tensor, f"{name_of(broadcast)} must work in place and return its tensor"
+    sent = start if at_root else case.input(pg.seed, ranks[root], case.size, n)  # after: the root's copy
     assert_moved(tensor, sent, f"{name_of(broadcast)} from group rank {root} seen on group rank {me}")
 
 
@@ -191,12 +199,12 @@ def reduce_matches_reference(pg: Any, reduce: Callable[..., torch.Tensor], case:
         return
     group, ranks, n, me = found
     root = case.root % n
-    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
-    tensor = laid_out(inputs[me], case.layout, pg.device)
+    mine = case.input(pg.seed, pg.rank, case.size, n)
+    tensor = laid_out(mine, case.layout, pg.device)
     result = reduce(tensor, root, reduce_op(case.op), group=group)
     assert result is tensor, f"{name_of(reduce)} must work in place and return its tensor"
     if me == root:
-        assert_reduced_close(tensor, inputs, case.op, case.values)
+        assert_reduced_close(tensor, everyone(pg, case, ranks, mine), case.op, case.values)
 
 
 # The check of each contract that takes (pg, implementation, case) alone: out of place where the contract

@@ -47,6 +47,7 @@ from pytest_collectives import devices
 from pytest_collectives.algorithms import registry
 from pytest_collectives.backends import keeps_state_after_a_raise
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
+from pytest_collectives.conformance import shared_inputs
 from pytest_collectives.execution.examples import Tally, tallied
 from pytest_collectives.execution.messages import (
     FAILED,
@@ -110,8 +111,13 @@ class RankContext:
 
     def reseed(self, example: dict[str, Any]) -> None:
         """Seed this rank from one example's values, as a call with that example alone would be."""
-        self.seed = stable_seed_of("", example)
-        seed_everything(self.seed)
+        self.begin(stable_seed_of("", example))
+
+    def begin(self, seed: int) -> None:
+        """A test or example begins on this rank: seeded by ``seed``, with the inputs of an older one gone."""
+        self.seed = seed
+        seed_everything(seed)
+        shared_inputs.next_example()
 
     def __repr__(self) -> str:
         return f"<pg rank {self.rank} of {self.world_size}, {self.backend} on {self.device}>"
@@ -368,8 +374,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     ``test`` returns the function to call, so that failing to import it is the test's failure too."""
     _issued_work.clear()
     _raised_calls.clear()
-    ctx.seed = task.seed
-    seed_everything(task.seed)
+    ctx.begin(task.seed)
     start = time.perf_counter()
     bench = None
     kwargs = dict(task.kwargs)
@@ -558,6 +563,7 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
             importlib.import_module(module)
         registry.load(spec.algorithms)  # users' algorithms, found by name in the tests
     _init_process_group(spec, rank, device)
+    shared_inputs.share_in(os.path.join(spec.workdir, "inputs"))  # the group's ranks share one machine
     conn.send(("ready", rank))
     while True:
         try:
