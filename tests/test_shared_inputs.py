@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pytest_collectives.algorithms.reference import Values, rank_input
-from pytest_collectives.conformance import shared_inputs
 from pytest_collectives.conformance.cases import Case
+from pytest_collectives.execution import shared_inputs
 
 LARGE = (shared_inputs.MIN_ELEMENTS + 3,)
 
@@ -22,8 +22,7 @@ def folder(tmp_path: Path) -> Iterator[Path]:
     shared_inputs.share_in(tmp_path / "inputs")
     yield tmp_path / "inputs"
     shared_inputs.share_in(None)
-    for _ in range(shared_inputs.KEEP):
-        shared_inputs.next_example()
+    shared_inputs.next_test()
 
 
 def refused() -> torch.Tensor:
@@ -84,6 +83,12 @@ def test_copies_go_once_their_example_is_keep_behind(folder: Path) -> None:
     )
 
 
+def test_a_new_test_takes_every_copy_away(folder: Path) -> None:
+    shared_inputs.drawn("mine", LARGE, torch.float32, lambda: torch.ones(LARGE))
+    shared_inputs.next_test()
+    assert not list(folder.iterdir())
+
+
 def test_a_copy_that_cannot_be_written_costs_only_a_draw(folder: Path) -> None:
     folder.rmdir()  # the group's folder gone, as a full or read-only disk would refuse the copy
     drawn = shared_inputs.drawn("x", LARGE, torch.float32, lambda: torch.arange(math.prod(LARGE)).float())
@@ -122,7 +127,7 @@ import torch.distributed as dist
 
 from pytest_collectives.algorithms.reference import SMALL
 from pytest_collectives.conformance import cases
-from pytest_collectives.conformance.shared_inputs import MIN_ELEMENTS
+from pytest_collectives.execution.shared_inputs import MIN_ELEMENTS
 
 SIZE = MIN_ELEMENTS + 5
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import SCALE, SMALL, Values, defined, rank_input
 from pytest_collectives.conformance import capabilities as caps
-from pytest_collectives.conformance import shared_inputs
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
+from pytest_collectives.execution import shared_inputs
 from pytest_collectives.execution.session import item_parameter, item_world_sizes
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]

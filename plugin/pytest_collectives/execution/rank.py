@@ -47,7 +47,7 @@ from pytest_collectives import devices
 from pytest_collectives.algorithms import registry
 from pytest_collectives.backends import keeps_state_after_a_raise
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
-from pytest_collectives.conformance import shared_inputs
+from pytest_collectives.execution import shared_inputs
 from pytest_collectives.execution.examples import Tally, tallied
 from pytest_collectives.execution.messages import (
     FAILED,
@@ -374,6 +374,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     ``test`` returns the function to call, so that failing to import it is the test's failure too."""
     _issued_work.clear()
     _raised_calls.clear()
+    shared_inputs.next_test()
     ctx.begin(task.seed)
     start = time.perf_counter()
     bench = None

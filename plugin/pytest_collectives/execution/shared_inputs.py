@@ -49,6 +49,13 @@ def next_example() -> None:
                 path.unlink()
 
 
+def next_test() -> None:
+    """A new test begins on this rank: every rank has ended the last one, so every copy this rank wrote
+    goes (a group's last copies stay until it stops, with its folder)."""
+    for _ in range(KEEP):
+        next_example()
+
+
 def drawn(
     name: str, shape: tuple[int, ...], dtype: torch.dtype, draw: Callable[[], torch.Tensor]
 ) -> torch.Tensor:
