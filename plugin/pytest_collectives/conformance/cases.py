@@ -115,10 +115,8 @@ class Case:
         op = None if self.op == NO_OP else self.op
         size = (shape,) if isinstance(shape, int) else tuple(shape)
         values = self.values
-        shown = (seed, key, "x".join(map(str, size)), self.dtype, values.kind, values.scale, op, members)
-        name = "-".join(map(str, shown))
         return shared_inputs.drawn(
-            name,
+            (seed, key, values.kind, values.scale, op, members),
             size,
             self.dtype,
             lambda: rank_input(seed, key, size, self.dtype, values=values, op=op, members=members),

@@ -57,13 +57,13 @@ def next_test() -> None:
 
 
 def drawn(
-    name: str, shape: tuple[int, ...], dtype: torch.dtype, draw: Callable[[], torch.Tensor]
+    key: tuple[object, ...], shape: tuple[int, ...], dtype: torch.dtype, draw: Callable[[], torch.Tensor]
 ) -> torch.Tensor:
-    """``draw()``, the tensor named ``name`` (everything that determines it), read from the group's copy
-    where a rank has drawn it already."""
+    """``draw()``, a ``shape`` tensor of ``dtype`` that ``key`` and they determine, read from the group's
+    copy where a rank has drawn it already."""
     if _folder is None or math.prod(shape) < MIN_ELEMENTS:
-        return draw()
-    path = _folder / name
+        return draw()  # before the name: most inputs are small, and this is every example's path
+    path = _folder / "-".join(map(str, (*key, "x".join(map(str, shape)), dtype)))
     try:
         copy = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
     except FileNotFoundError:
