@@ -177,9 +177,9 @@ def rank_input(
         drawn = torch.where(torch.randint(0, 2, size, generator=gen, dtype=torch.bool), -magnitude, magnitude)
         drawn = drawn.to(dtype)
     elif dtype.is_signed:
-        drawn = (torch.randint(1, 9, size, generator=gen) * _random_sign(size, gen)).to(dtype)
+        drawn = _nonzero(8, size, gen, dtype)
     else:
-        drawn = torch.randint(1, 16, size, generator=gen).to(dtype)
+        drawn = torch.randint(1, 16, size, generator=gen, dtype=dtype)
     return drawn.to(device)
 
 
@@ -193,10 +193,15 @@ def _full(
 ) -> Tensor:
     """``Values(full)`` or ``Values(spread)`` of a real dtype: see there."""
     if not dtype.is_floating_point:
-        wide = torch.randint(-(2**63), 2**63 - 1, size, generator=gen, dtype=torch.int64)
-        # 0 is the sentinel: made nonzero in int64, as torch before 2.13 has no where() of uint16/32/64
-        bits = torch.empty(0, dtype=dtype).element_size() * 8
-        low = wide & ((1 << bits) - 1) if bits < 64 else wide
+        bits = dtype.itemsize * 8
+        # drawn in 32 bits where they hold the dtype's: a 64-bit draw costs twice as much
+        if bits < 32 or dtype == torch.int32:
+            wide = torch.randint(-(2**31), 2**31, size, generator=gen, dtype=torch.int32)
+        else:
+            wide = torch.randint(-(2**63), 2**63 - 1, size, generator=gen, dtype=torch.int64)
+        # 0 is the sentinel: made nonzero in the drawn dtype, as torch before 2.13 has no where() of
+        # uint16/32/64
+        low = wide & ((1 << bits) - 1) if bits < wide.itemsize * 8 else wide
         return torch.where(low == 0, wide | 1, wide).to(dtype)
     if op is None or not defined(dtype, op):
         return _any_bits(size, dtype, gen)
@@ -204,42 +209,45 @@ def _full(
     digits = 1 - int(math.log2(info.eps))  # mantissa bits, the implicit one included
     # the exponents of the largest finite value and of the smallest normal one (log2 of the largest rounds up)
     top, bottom = math.frexp(info.max)[1] - 1, math.frexp(info.tiny)[1] - 1
-    sign = _random_sign(size, gen).to(torch.float64)
+    # computed in float32 below float64: every value drawn, and each of its factors, is exact there; the
+    # powers of two come from float64, where exp2 of an integral value is exact, subnormal results included
+    work = torch.float64 if dtype == torch.float64 else torch.float32
     if op == "product":
         # any subset of the members' exponents sums within [bottom, top]: every partial product is exact
         lo, hi = -(-bottom // members), top // members
         exponents = torch.randint(lo, hi + 1, size, generator=gen, dtype=torch.float64)
-        return (sign * torch.exp2(exponents)).to(dtype)
+        return (_nonzero(1, size, gen, work) * torch.exp2(exponents).to(work)).to(dtype)
     # members * |k| < 2**digits (2**(digits-1) under PREMUL_SUM's factor 2): any partial sum is exact
     limit = (2**digits - 1) // members // (2 if op == "premul_sum" else 1)
     step = members if op == "avg" else 1  # x / n is exact too, for a backend that scales first
-    k = torch.randint(1, max(2, limit // step + 1), size, generator=gen) * step
+    k = _nonzero(max(1, limit // step), size, gen, work) * step
     lo, hi = bottom - digits + 1, top - digits  # from the smallest subnormal to the top of the range
     if values.kind == "spread":
-        # exp2 of an integral float64 is exact, subnormal results included
         power = torch.exp2(torch.linspace(lo, hi, math.prod(size), dtype=torch.float64).round()).view(size)
-    else:
-        power = 2.0 ** round(values.scale / SCALE * (hi if values.scale > 0 else -lo))
-    return (sign * k * power).to(dtype)
+        return (k * power.to(work)).to(dtype)
+    return (k * 2.0 ** round(values.scale / SCALE * (hi if values.scale > 0 else -lo))).to(dtype)
 
 
 def _any_bits(size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> Tensor:
     """Elements of any bit pattern but a NaN sentinel's (``cases.sentinel``), whose elements would pass
     for unwritten ones; one in eight is a value random bits almost never give: +-0, +-inf, the smallest
     subnormal, the largest finite value."""
-    width = torch.empty(0, dtype=dtype).element_size()
-    count = math.prod(size)
-    raw = torch.randint(0, 256, (count, width), generator=gen, dtype=torch.uint8)
+    width, count = dtype.itemsize, math.prod(size)
+    # random bytes drawn four at a time: a draw costs the same for one byte as for four
+    words = torch.randint(-(2**31), 2**31, (-(-count * width // 4),), generator=gen, dtype=torch.int32)
+    raw = words.view(torch.uint8)[: count * width].view(count, width)
     real = real_dtype(dtype)
     info = torch.finfo(real)
     rare = [0.0, -0.0, math.inf, -math.inf, info.tiny * info.eps, -info.tiny * info.eps, info.max, -info.max]
     # built in float64 and converted: older torch has no fill kernel for float8 (inf becomes e4m3fn's NaN)
     specials = torch.tensor(rare, dtype=torch.float64).to(dtype).view(torch.uint8).reshape(len(rare), width)
-    where = torch.randint(0, 8, (count,), generator=gen) == 0
-    which = torch.randint(0, len(rare), (count,), generator=gen)
-    raw[where] = specials[which[where]]
-    nan = torch.full((1,), float("nan")).to(dtype).view(torch.uint8)
-    raw[:, 0] ^= (raw == nan).all(1).to(torch.uint8)
+    pick = torch.randint(0, 8 * len(rare), (count,), generator=gen, dtype=torch.uint8)  # one in 8 is rare
+    where = pick < len(rare)
+    raw[where] = specials[pick[where].long()]
+    # compared a whole element (or 8 bytes of it) at a time
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}.get(width, torch.int64)
+    nan = torch.full((1,), float("nan")).to(dtype).view(torch.uint8).view(as_int)
+    raw[:, 0] ^= (raw.view(as_int) == nan).all(1).to(torch.uint8)
     return raw.view(dtype).reshape(size)
 
 
@@ -460,5 +468,7 @@ def _first(mask: Tensor) -> tuple[int, ...]:
     return tuple(int(j) for j in mask.nonzero()[0])
 
 
-def _random_sign(size: tuple[int, ...], gen: torch.Generator) -> Tensor:
-    return torch.randint(0, 2, size, generator=gen) * 2 - 1
+def _nonzero(bound: int, size: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype) -> Tensor:
+    """Integers of ``dtype`` uniform over +-[1, bound], in one draw."""
+    drawn = torch.randint(-bound, bound, size, generator=gen, dtype=dtype)
+    return drawn + (drawn >= 0)

@@ -38,7 +38,7 @@ SILENT = "silent"
 DETECTED = "detected"
 WHAT = "the last rank's tensor float64 where the others' is float32, or twice as long"
 # A tiny call ends in milliseconds: one still running after this is a hang, named, and its group replaced.
-DEADLINE_S = 5.0
+DEADLINE_S = 2.0
 
 
 def call(pg: Any, operation: str, kind: str) -> None:
