@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -618,6 +620,15 @@ def _exists(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A session's TMPDIR, where its pool makes its folders: a short path, as the forkserver's socket goes
+    there too and a Unix socket's path cannot pass 107 bytes (pytester's can)."""
+    path = Path(tempfile.mkdtemp(prefix="ct-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.parametrize(
     "args, env, stop, log",
     [
@@ -631,8 +642,8 @@ def _exists(pid: int) -> bool:
     ],
     ids=["normal", "exitfirst", "ctrl-c", "sigkill", "sigkill-output-to-file"],
 )
-def test_no_worker_outlives_the_session(pytester: pytest.Pytester, args, env, stop, log) -> None:
-    proc, pids = _session(pytester, "orphans", *args, log=log, **env)
+def test_no_worker_outlives_the_session(pytester: pytest.Pytester, short_tmp, args, env, stop, log) -> None:
+    proc, pids = _session(pytester, "orphans", *args, log=log, TMPDIR=str(short_tmp), **env)
     deadline = time.monotonic() + 60
     while not (os.path.exists(pids) and len(open(pids).read().split()) >= 2):
         assert time.monotonic() < deadline and proc.poll() is None, "workers never started"
@@ -648,6 +659,8 @@ def test_no_worker_outlives_the_session(pytester: pytest.Pytester, args, env, st
     out = out or (pytester.path / "orphans.log").read_text()
     ranks = {int(pid) for pid in open(pids).read().split()}  # the 3-rank group's too, started later
     assert _alive(started | ranks) == [], f"processes left behind:\n{out}"
+    # nor any of the pool's folders: a killed pytest leaves them to its last rank
+    assert list(short_tmp.glob("collectives-*")) == [], out
 
 
 def test_two_concurrent_sessions_do_not_collide(pytester: pytest.Pytester) -> None:

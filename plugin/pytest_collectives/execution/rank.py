@@ -28,6 +28,7 @@ import os
 import random
 import resource
 import select
+import shutil
 import signal
 import sys
 import threading
@@ -148,19 +149,28 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _die_with_controller(pid: int) -> None:
-    """End this rank when the pytest process ``pid`` ends, however it ends.
+def _die_with_controller(pid: int, workdir: str) -> None:
+    """End this rank when the pytest process ``pid`` ends, however it ends, and remove the group's folder
+    ``workdir`` (and the pool's, once no group's is left in it).
 
     The forkserver exits once every holder of its liveness pipe has closed it, and each process it forks
     inherits one (so it could use the forkserver itself): while a rank lives, a SIGKILLed pytest leaves
     the forkserver, and so the ranks and their GPUs, alive for ever. So the rank watches pytest itself.
+    A pytest that ends that way removes nothing, so its folders go with the last of its ranks.
     """
     if not pid:
         return
+
+    def end() -> None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(workdir))  # fails while another group's folder is in it
+        os._exit(1)
+
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        os._exit(1)
+        end()
     except (AttributeError, OSError):  # Linux before 5.3: look every second
         pidfd = None
 
@@ -170,7 +180,7 @@ def _die_with_controller(pid: int) -> None:
         else:
             while os.path.exists(f"/proc/{pid}"):
                 time.sleep(1.0)
-        os._exit(1)
+        end()
 
     threading.Thread(target=watch, name="collectives-watch-pytest", daemon=True).start()
 
@@ -532,7 +542,7 @@ def _init_process_group(spec: GroupSpec, rank: int, device: torch.device) -> Non
 def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     """Entry point of one rank (run in a process forked from the preloaded forkserver)."""
     _die_with_parent()
-    _die_with_controller(spec.controller_pid)
+    _die_with_controller(spec.controller_pid, spec.workdir)
     files = rank_files(spec.workdir, rank)
     capture = _Capture(files)
     statm = os.open("/proc/self/statm", os.O_RDONLY)
