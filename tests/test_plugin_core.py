@@ -620,6 +620,20 @@ def _exists(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def test_a_tmpdir_too_long_for_the_forkserver_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    long = pytester.path / ("t" * 100)
+    long.mkdir()
+    proc, _ = _session(pytester, "long", TMPDIR=str(long))
+    out, _ = proc.communicate(timeout=120)
+    errors = [line for line in out.splitlines() if line.startswith("ERROR")]
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
+    assert errors == [
+        f"ERROR: TMPDIR is too long a path for the forkserver's socket ({len(str(long))} characters): "
+        "set TMPDIR to a shorter folder, such as /tmp"
+    ], out
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out
+
+
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A session's TMPDIR, where its pool makes its folders: a short path, as the forkserver's socket goes

@@ -4,6 +4,9 @@ started while pytest collects, so its import runs beside the collection's own.""
 from __future__ import annotations
 
 import multiprocessing
+import tempfile
+
+import pytest
 
 PRELOAD = [
     "__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.execution.rank"
@@ -35,4 +38,13 @@ def warm_up(ctx: multiprocessing.context.BaseContext, training: bool = False) ->
         from multiprocessing import forkserver
 
         ctx.set_forkserver_preload(PRELOAD + TRAINING * training)
-        forkserver.ensure_running()
+        try:
+            forkserver.ensure_running()
+        except OSError as exc:
+            if "too long" not in str(exc):
+                raise
+            # its socket goes in TMPDIR, and a Unix socket's path cannot pass 107 bytes
+            raise pytest.UsageError(
+                f"TMPDIR is too long a path for the forkserver's socket ({len(tempfile.gettempdir())} "
+                "characters): set TMPDIR to a shorter folder, such as /tmp"
+            ) from None
