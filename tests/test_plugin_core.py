@@ -817,3 +817,30 @@ def test_a_module_that_fails_to_import_on_the_ranks_fails_its_test(pytester: pyt
     result = pytester.runpytest("-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*ImportError: this module imports in pytest's process only*"])
+
+
+class _Work:
+    def __init__(self, completed: bool) -> None:
+        self.completed = completed
+
+    def is_completed(self) -> bool:
+        return self.completed
+
+
+def test_a_rank_keeps_the_pending_work_a_test_issued_not_the_completed(monkeypatch) -> None:
+    """Each Work holds its tensors: a benchmark that issues thousands would keep every message it sent.
+    The pending ones are all kept for the check after the test (``_pending_ops``)."""
+    from pytest_collectives.execution import rank as runner
+
+    monkeypatch.setattr(runner, "_issued_work", [])
+    monkeypatch.setattr(runner, "_prune_at", runner._KEPT_AT_LEAST)
+    monkeypatch.setattr(runner, "PENDING_GRACE_S", 0.0)
+    pending = [_Work(False) for _ in range(300)]
+    for i in range(30_000):
+        issued = [_Work(True)]
+        if i % 100 == 0:
+            issued.append(pending[i // 100])
+        runner._remember(issued)
+    assert len(runner._issued_work) < 2 * len(pending) + runner._KEPT_AT_LEAST
+    assert runner._pending_ops() == len(pending)
+    assert all(any(w is p for w in runner._issued_work) for p in pending)

@@ -225,6 +225,19 @@ _ASYNC_OPS = (
 )  # fmt: skip
 _issued_work: list[Any] = []
 _raised_calls: list[str] = []
+# A Work holds its tensors: a benchmark that keeps issuing them would keep every message it sent (a ring
+# all_reduce of 1 MiB grew a rank by 2 GB), so the completed ones are dropped as the list doubles.
+_KEPT_AT_LEAST = 256
+_prune_at = _KEPT_AT_LEAST
+
+
+def _remember(works: list[Any]) -> None:
+    """Keep ``works`` until the test ends, or until they are completed, for ``_pending_ops``."""
+    global _prune_at
+    _issued_work.extend(works)
+    if len(_issued_work) >= _prune_at:
+        _issued_work[:] = [w for w in _issued_work if not w.is_completed()]
+        _prune_at = max(_KEPT_AT_LEAST, 2 * len(_issued_work))
 
 
 def _track_async_ops() -> None:
@@ -239,10 +252,8 @@ def _track_async_ops() -> None:
             except Exception:
                 _raised_calls.append(fn.__name__)
                 raise
-            if isinstance(result, list):
-                _issued_work.extend(w for w in result if hasattr(w, "is_completed"))
-            elif hasattr(result, "is_completed"):
-                _issued_work.append(result)
+            works = result if isinstance(result, list) else [result]
+            _remember([w for w in works if hasattr(w, "is_completed")])
             return result
 
         return wrapper
