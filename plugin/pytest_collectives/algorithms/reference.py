@@ -171,9 +171,7 @@ def rank_input(
     elif values.kind != "small":
         drawn = _full(size, dtype, gen, values, op, members)
     elif dtype.is_floating_point:
-        # drawn in float32 below float64: random to the dtype's last mantissa bit, at half the cost
-        work = torch.float64 if dtype == torch.float64 else torch.float32
-        magnitude = torch.exp2(torch.rand(size, generator=gen, dtype=work) * 2 - 1)
+        magnitude = torch.exp2(torch.rand(size, generator=gen, dtype=_work(dtype)) * 2 - 1)
         drawn = torch.where(torch.randint(0, 2, size, generator=gen, dtype=torch.bool), -magnitude, magnitude)
         drawn = drawn.to(dtype)
     elif dtype.is_signed:
@@ -209,9 +207,8 @@ def _full(
     digits = 1 - int(math.log2(info.eps))  # mantissa bits, the implicit one included
     # the exponents of the largest finite value and of the smallest normal one (log2 of the largest rounds up)
     top, bottom = math.frexp(info.max)[1] - 1, math.frexp(info.tiny)[1] - 1
-    # computed in float32 below float64: every value drawn, and each of its factors, is exact there; the
-    # powers of two come from float64, where exp2 of an integral value is exact, subnormal results included
-    work = torch.float64 if dtype == torch.float64 else torch.float32
+    # the powers of two come from float64, where exp2 of an integral value is exact, subnormals included
+    work = _work(dtype)
     if op == "product":
         # any subset of the members' exponents sums within [bottom, top]: every partial product is exact
         lo, hi = -(-bottom // members), top // members
@@ -466,6 +463,12 @@ _MOVED_ONLY = {getattr(torch, name) for name in ("uint16", "uint32", "uint64") i
 
 def _first(mask: Tensor) -> tuple[int, ...]:
     return tuple(int(j) for j in mask.nonzero()[0])
+
+
+def _work(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a floating input is computed in: float32 below float64, at half float64's cost. Every value
+    drawn, and each of its factors, is exact there, random to the dtype's last mantissa bit."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _nonzero(bound: int, size: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype) -> Tensor:

@@ -83,7 +83,10 @@ def _bytes(tensor: torch.Tensor) -> memoryview:
 
 
 def _write(path: Path, tensor: torch.Tensor) -> None:
-    """Leave a copy of ``tensor`` at ``path``, whole or not at all: a full disk costs the peers a draw."""
+    """Leave a copy of ``tensor`` at ``path``, whole or not at all: a full disk costs the peers a draw.
+
+    Not ``atomic.write_atomic``: a copy read within its example and removed after it needs none of the
+    durability its fsyncs buy, on every large example's path, nor its copy of the tensor into bytes."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         with open(partial, "wb") as f:
