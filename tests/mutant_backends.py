@@ -121,6 +121,24 @@ class ChannelsLastWrittenContiguous(ReferenceBackend):
         return work
 
 
+class WrongThenRefusing(ReferenceBackend):
+    """all_gather into channels_last outputs writes one element wrong in float32 and refuses every other
+    dtype in gloo's words: the refusal, later in the layout sweep, must not erase the float32 failure."""
+
+    name = "mutant_wrong_then_refusing"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        parts = outputs[0]
+        if parts[0].dim() != 4 or parts[0].is_contiguous():
+            return super().allgather(outputs, inputs, opts)
+        if parts[0].dtype != torch.float32:
+            raise RuntimeError("Tensors must be contiguous")
+        work = super().allgather(outputs, inputs, opts)
+        work.wait()
+        parts[-1][(0,) * parts[-1].dim()] += 1
+        return work
+
+
 class StorageCopiedAsDense(ReferenceBackend):
     """all_gather copies each tensor's storage byte for byte, as NCCL's all_gather_into_tensor did at one
     rank: right whenever the input and the outputs share a layout, permuted where they do not."""
@@ -205,6 +223,20 @@ class MismatchReducedInFloat32(ReducedThrough):
     wide, narrow = torch.float64, torch.float32
 
 
+class LargeInt32SumUnreduced(ReferenceBackend):
+    """all_reduce SUM of int32 from 512 Ki elements on leaves the last element unreduced: a large-message
+    path of one cell, which only the 1 Mi tier's rotation reaches (it stood still at float16 SUM once)."""
+
+    name = "mutant_large_int32_sum_unreduced"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        opts = opts or _options.AllreduceOptions()
+        tensor = tensors[0]
+        if tensor.dtype == torch.int32 and tensor.numel() >= 1 << 19 and opts.reduceOp == dist.ReduceOp.SUM:
+            return super().allreduce([tensor.view(-1)[:-1]], opts)
+        return super().allreduce(tensors, opts)
+
+
 class UnreducedPast2To31(ReferenceBackend):
     """all_reduce reduces the first 2**31 elements only, the rest left as they were: a 32-bit count (Open
     MPI 9606's kind). Only the opt-in --huge tier reaches it; run by hand (docs/measurements.md)."""
@@ -274,6 +306,43 @@ class _Landing(dist.Work):
 
     def is_completed(self) -> bool:
         return self.inner.is_completed()
+
+
+class SharedStagingBuffer(ReferenceBackend):
+    """all_reduce stages each (shape, dtype) in one buffer of its own, reduces there and copies it back when
+    waited: right one call at a time, while two of one shape in flight both get the later one's result."""
+
+    name = "mutant_shared_staging_buffer"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.staging: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        target = tensors[0]
+        key = (tuple(target.shape), target.dtype)
+        staging = self.staging.setdefault(key, torch.empty(target.shape, dtype=target.dtype))
+        staging.copy_(target)
+        work = super().allreduce([staging], opts)
+        work.wait()  # reduced now, copied back only when waited: what a later call left there by then
+        return _Landing(work, staging, target)
+
+
+class BarrierReturnsAtOnce(ReferenceBackend):
+    """barrier returns at once without waiting for the other ranks."""
+
+    name = "mutant_barrier_returns_at_once"
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        return _Done()
+
+
+class _Done(dist.Work):
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
 
 
 class SamePeerMessagesSwapped(ReferenceBackend):
@@ -386,9 +455,12 @@ MUTANTS = [
     Bf16ReducedThroughFp16,
     MismatchReducedInFloat32,
     UnreducedPast2To31,
+    LargeInt32SumUnreduced,
     Uint8ComparedAsInt8,
     AvgRunAsSum,
     SamePeerMessagesSwapped,
+    SharedStagingBuffer,
+    BarrierReturnsAtOnce,
     ReceivedNanDroppedInSum,
     LargeReduceScatterTailUnreduced,
     GatherPermutesRanks,
@@ -401,6 +473,7 @@ MUTANTS = [
     ChannelsLastWrittenContiguous,
     StorageCopiedAsDense,
     StridesInFloat32Bytes,
+    WrongThenRefusing,
     RefusalLeavesGroupOpen,
     NanDroppedInMinMax,
 ]

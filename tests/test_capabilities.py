@@ -11,8 +11,9 @@ import pytest
 import torch
 from helpers import copy_conformance, torch_below
 
+from pytest_collectives.algorithms.reference import defined
 from pytest_collectives.conformance import known_bugs
-from pytest_collectives.conformance.capabilities import Capabilities, refusal
+from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS, Capabilities, dtype_name, refusal
 from pytest_collectives.conformance.known_bugs import KnownBug
 from pytest_collectives.conformance.matrix import CapabilityMatrix
 
@@ -259,6 +260,8 @@ MUTANTS = [
     ("mutant_storage_offset_ignored", "test_operations.py", "test_broadcast", "*broadcast from group rank*"),
     ("mutant_unwritten_on_rank_1", "test_operations.py", "test_all_gather_list", "*never written*"),
     ("mutant_coalesced_sums_under_any_op", "test_operations.py", "coalesced", "*over * ranks of*"),
+    # right one call at a time: only all_reduces of one shape in flight at once see it
+    ("mutant_shared_staging_buffer", "test_all_reduce.py", "in_flight", "*all_reduce ? of ? in flight*"),
     (
         "mutant_channels_last_written_contiguous",
         "test_operations.py",
@@ -337,6 +340,64 @@ def test_a_layout_moved_as_if_dense_fails_the_layout_test(
     named = [line for line in result.outlines if "the failing example: tensors=Tensors(dtype=" in line]
     # float32 is each call's first example: a mutant right in it fails in another
     assert named and all(("dtype=torch.float32," in line) == wrong_in_float32 for line in named), named
+
+
+@python_backends
+@pytest.mark.slow
+def test_a_cell_wrong_only_at_1_mi_is_caught_where_the_seed_turns_the_tier_to_it(pytester) -> None:
+    """int32 all_reduce SUM wrong from 512 Ki elements on: the run whose --hypothesis-seed turns the 1 Mi
+    tier to that cell at 2 ranks fails, naming it (the tier once stood at the first cell in every run)."""
+    backend = "mutant_large_int32_sum_unreduced"
+    probe = run_on_backend(
+        pytester, backend, "test_point_to_point.py", "-k", "ring_exchange", "--world-sizes", "2",
+        "--capability-json", "m.json",
+    )  # fmt: skip
+    probe.assert_outcomes(passed=1)
+    rows = json.loads((pytester.path / "m.json").read_text())["cells"]
+    ours = [r for r in rows if r["operation"] == "all_reduce"]
+    supported = {(r["dtype"], r["reduce_op"]) for r in ours if r["status"] != "N/A"}
+    # the order the sweep lists them in (cases.supported_cells)
+    cells = [(dtype_name(d), op) for d in DTYPES for op in REDUCE_OPS if defined(d, op)]
+    cells = [cell for cell in cells if cell in supported]
+    seed = cells.index(("int32", "sum"))
+    result = run_on_backend(
+        pytester, backend, "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring",
+        "--world-sizes", "2", f"--hypothesis-seed={seed}",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "the failing example: case=Case(operations=('all_reduce',), dtype=torch.int32, op='sum', "
+            "size=1048576*",
+            f"*turned at {seed}, *",
+        ]
+    )
+
+
+@python_backends
+def test_a_barrier_that_does_not_wait_fails_every_time(pytester: pytest.Pytester) -> None:
+    """The last rank comes late to the barrier: one that returns at once fails, whatever the timing."""
+    result = run_on_backend(pytester, "mutant_barrier_returns_at_once", "test_operations.py", "-k", "barrier")
+    result.assert_outcomes(failed=1, skipped=1)  # monitored_barrier: N/A on a Python process group
+    result.stdout.fnmatch_lines(["*AssertionError: rank ? left the barrier before ranks [[]*2] entered it"])
+
+
+@python_backends
+def test_a_later_refusal_never_erases_an_earlier_failure(pytester: pytest.Pytester) -> None:
+    """The layout sweep's float32 example fails and its later dtypes are refused in gloo's words, on a
+    backend that is not gloo (where a refusal ends the test as N/A): the test fails on the float32 example,
+    with the refusal named beside it."""
+    result = run_on_backend(
+        pytester, "mutant_wrong_then_refusing", "test_layouts.py", "-k", "all_gather-channels_last and not to"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "the failing example: tensors=Tensors(dtype=torch.float32,*",
+            "*AssertionError: channels_last all_gather: rank ?'s part on rank ?: 1 of * elements wrong*",
+            "example 2, after this failure, then ended the batch: Skipped: N/A: *refuses all_gather*",
+        ]
+    )
 
 
 @python_backends

@@ -7,9 +7,10 @@ import re
 import types
 
 import pytest
+from hypothesis import assume
 
 from pytest_collectives.conformance.cases import tiers_at
-from pytest_collectives.execution.examples import each_example
+from pytest_collectives.execution.examples import Tally, each_example, run_batch, tallied
 from pytest_collectives.execution.messages import FAILED, PASSED
 from pytest_collectives.execution.outcome import GroupOutcome, RankReport
 from pytest_collectives.execution.session import last_of_each_size, world_sizes_run
@@ -87,6 +88,26 @@ def test_only_the_earliest_failing_example_over_the_ranks_is_the_failure() -> No
     assert "(example 3 of the 8 in this call)" in outcome.render()
 
 
+@pytest.mark.parametrize("later", [pytest.skip, pytest.fail, RuntimeError], ids=["skip", "fail", "error"])
+def test_a_failure_stands_whatever_a_later_example_raises(later) -> None:
+    """pytest.skip and pytest.fail raise BaseExceptions: after a failed check they are named beside it."""
+
+    def check(x: int) -> None:
+        assert x != 1, "wrong at 1"
+        if x == 2 and later is RuntimeError:
+            raise RuntimeError("refused at 2")
+        if x == 2:
+            later("refused at 2")
+
+    tally = Tally()
+    with tallied(tally), pytest.raises(AssertionError, match="wrong at 1") as failure:
+        run_batch(check, [{"x": 0}, {"x": 1}, {"x": 2}, {"x": 3}], (), {})
+    assert tally.failed_example == 1 and tally.ran == 3
+    name = "RuntimeError" if later is RuntimeError else later.Exception.__name__
+    said = "\n".join([str(failure.value), *getattr(failure.value, "__notes__", [])])
+    assert f"example 3, after this failure, then ended the batch: {name}: refused at 2" in said
+
+
 def test_each_example_reports_up_to_the_first_failure() -> None:
     kwargs = {"pg": "pg", "batch": [{"x": 1}, {"x": 2}, {"x": 3}]}
     assert list(each_example(kwargs, "failed", 1)) == [
@@ -94,6 +115,18 @@ def test_each_example_reports_up_to_the_first_failure() -> None:
         ({"pg": "pg", "x": 2}, "failed"),
     ]
     assert [v for _, v in each_example(kwargs, "passed", None)] == ["passed"] * 3
+    # an example turned down (a call refused in it) passed nothing: the matrix does not count it
+    assert [a["x"] for a, _ in each_example(kwargs, "passed", None, turned_down={1})] == [1, 3]
+
+
+def test_a_batch_tallies_the_examples_it_turned_down() -> None:
+    def check(x: int) -> None:
+        assume(x != 2)
+
+    tally = Tally()
+    with tallied(tally):
+        run_batch(check, [{"x": 1}, {"x": 2}, {"x": 3}], (), {})
+    assert tally.turned_down == [1] and tally.ran == 2
 
 
 def test_the_last_test_of_each_world_size_is_known() -> None:

@@ -349,8 +349,22 @@ def test_the_capability_matrix_is_a_check_in_every_output(tmp_path, failing):
     assert "; FSDP2: PASS; tensor parallel: PASS (1 of 2 meshes N/A)" in check["reason"]  # a line each
     if failing:
         assert "all_gather_single_stacked float16 - gave wrong results (suites/" in check["reason"]
+    else:
+        tried = "1 of the 2 supported cells tried and passed, none gave a wrong result."
+        assert check["reason"].endswith(tried)
     assert "<td>all_reduce band</td>" in files["report.html"].read_text()
     assert "| all_reduce sum | f32 |" in files["report.md"].read_text()
+
+
+def test_a_matrix_where_no_cell_passed_verified_nothing(tmp_path):
+    """Every supported cell untested or a known bug: a WARN that says so, never PASS."""
+    data = cpu_data()
+    data["capabilities"] = capability_matrix(False)
+    data["capabilities"]["cells"][0].update(status="known bug", passed=0, known=3)
+    checks = read_json(write_report(tmp_path, data))["checks"]
+    check = next(c for c in checks if c["name"] == "capability matrix")
+    assert check["status"] == "WARN", check
+    assert "; 0 of the 2 supported cells tried and passed: nothing was verified." in check["reason"]
 
 
 def test_a_report_without_conformance_tests_has_no_matrix_check(tmp_path):

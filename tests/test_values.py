@@ -21,7 +21,7 @@ from pytest_collectives.algorithms.reference import (
     real_dtype,
     reduce_reference,
 )
-from pytest_collectives.conformance.cases import sentinel
+from pytest_collectives.conformance.cases import assert_moved, sentinel
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 FULL = st.one_of(
@@ -114,6 +114,22 @@ def test_moved_floats_hold_every_kind_of_value_but_the_sentinel(dtype):
     got = torch.empty(x.numel(), dtype=dtype).copy_(x.reshape(-1)).view(torch.uint8).reshape(-1, width)
     nan = sentinel(1, dtype, "cpu").view(torch.uint8).reshape(1, width)
     assert not (got == nan).all(1).any()
+
+
+@pytest.mark.parametrize("kind", ["small", "full"])
+def test_a_bool_never_written_is_caught_whatever_was_drawn(kind):
+    """Both bools are drawn, so the bool sentinel is a byte no drawn bool holds: an unwritten element is
+    caught where the input held False (0, once the sentinel) as where it held True."""
+    x = rank_input(3, 0, 4096, torch.bool, values=Values(kind), op=None)
+    assert not x.all() and x.any()
+    for unwritten in (int(x.logical_not().nonzero()[0]), int(x.nonzero()[0])):
+        out = sentinel(x.numel(), torch.bool, "cpu")
+        out[:unwritten] = x[:unwritten]
+        out[unwritten + 1 :] = x[unwritten + 1 :]
+        with pytest.raises(AssertionError, match=r"1 of 4096 elements wrong \(1 never written\)"):
+            assert_moved(out, x, "bool")
+        out[unwritten] = x[unwritten]
+        assert_moved(out, x, "bool")
 
 
 def through_float16(xs: list[torch.Tensor]) -> torch.Tensor:

@@ -97,17 +97,21 @@ def test_async_op_with_wait(pg, case):
     case=reductions(["all_reduce"], members=st.none()),
     count=st.integers(2, 5),
     order=st.permutations(range(5)),
+    same_shape=st.booleans(),
+    groups=st.integers(1, 2),
 )
-def test_async_all_reduces_in_flight_on_two_groups(pg, case, count, order):
-    """Several async all_reduces in flight at once, alternating between the world and a second group of the
-    same ranks (a communicator of its own), posted in one order and waited in another: each gives the
-    reference, and once wait() returned its Work is completed."""
+def test_async_all_reduces_in_flight(pg, case, count, order, same_shape, groups):
+    """Several async all_reduces in flight at once, on the world alone or alternating with a second group
+    of the same ranks (a communicator of its own), all of one shape and dtype (a backend that stages each
+    shape in one buffer of its own mixes them up) or each a size of its own, posted in one order and
+    waited in another: each gives the reference, and once wait() returned its Work is completed."""
     n = pg.world_size
-    groups = [pg.group, pg.new_group(list(range(n)))]
-    inputs = [[case.part(pg.seed, r, k, case.size + k, n) for r in range(n)] for k in range(count)]
+    on = [pg.group, pg.new_group(list(range(n)))][:groups]
+    sizes = [case.size if same_shape else case.size + k for k in range(count)]
+    inputs = [[case.part(pg.seed, r, k, sizes[k], n) for r in range(n)] for k in range(count)]
     tensors = [x[pg.rank].to(pg.device, copy=True) for x in inputs]
     op = reduce_op(case.op)
-    works = [dist.all_reduce(t, op=op, group=groups[k % 2], async_op=True) for k, t in enumerate(tensors)]
+    works = [dist.all_reduce(t, op=op, group=on[k % groups], async_op=True) for k, t in enumerate(tensors)]
     for k in (k for k in order if k < count):
         works[k].wait()
         assert works[k].is_completed(), f"all_reduce {k + 1} of {count}: wait() returned, not completed"
@@ -115,7 +119,8 @@ def test_async_all_reduces_in_flight_on_two_groups(pg, case, count, order):
         try:
             assert_reduced_close(tensor, x, case.op, case.values)
         except AssertionError as exc:
-            raise AssertionError(f"all_reduce {k + 1} of {count} in flight (group {k % 2}): {exc}") from None
+            what = f"all_reduce {k + 1} of {count} in flight (group {k % groups}, sizes {sizes})"
+            raise AssertionError(f"{what}: {exc}") from None
 
 
 @pytest.mark.world_size()

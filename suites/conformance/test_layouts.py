@@ -29,6 +29,7 @@ from pytest_collectives import sweep
 from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
 from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input
 from pytest_collectives.backends import keeps_state_after_a_raise
+from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCTIONS, refusal
 from pytest_collectives.conformance.cases import assert_moved, sentinel, supported_cells, tiers_at
 from pytest_collectives.execution.session import item_parameter, item_world_sizes
@@ -71,9 +72,9 @@ def tensors_of_each_size() -> st.SearchStrategy[list[Tensors]]:
     """For the running test's call, as one sweep (``pytest_collectives.sweep``): float32 in the first shape
     (the call as it always ran), then, at the world sizes where the size tiers run (``cases.tiers_at``), a
     dtype of each element size the backend takes for the call, each in another shape; which dtype of a
-    size, and which shape, turn with a drawn ``turn``. A backend that packs or copies a layout with a fixed
-    element size in mind gets one of them wrong."""
-    return st.integers(0, 1 << 16).map(_of_each_size)
+    size, and which shape, turn with the run (``rotation.turn``). A backend that packs or copies a layout
+    with a fixed element size in mind gets one of them wrong."""
+    return st.builds(rotation.turn).map(_of_each_size)
 
 
 def _of_each_size(turn: int) -> list[Tensors]:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pytest_collectives.algorithms import registry
 from pytest_collectives.algorithms.reference import SCALE, SMALL, Values, defined, rank_input
 from pytest_collectives.conformance import capabilities as caps
+from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
 from pytest_collectives.execution import shared_inputs
 from pytest_collectives.execution.session import item_parameter, item_world_sizes
@@ -184,9 +185,9 @@ def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
     across the dtype's whole range (``Values("spread")``: from its subnormals to the top, exact, in one
     call: a gloo call at 8 ranks on 2 cores costs 13 to 21 ms, the sweep's cost); each dtype at 64 Ki
     elements, its reduce op and scale rotating; one cell at 1 Mi (these two where ``tiers_at`` says). Over
-    the whole world, each cell with its own root. What rotates turns with a drawn ``turn``: another on each
-    run, the same for a seed (``--hypothesis-seed``)."""
-    return st.integers(0, 1 << 16).map(lambda turn: _every_cell(operation, turn))
+    the whole world, each cell with its own root. What rotates turns with the run (``rotation.turn``):
+    another each run and at each world size, the same for a seed (``--hypothesis-seed``)."""
+    return st.builds(rotation.turn).map(lambda turn: _every_cell(operation, turn))
 
 
 def _every_cell(operation: str | None, turn: int) -> list[Case]:
@@ -275,10 +276,14 @@ def laid_out(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.T
 
 def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An output buffer filled with what no input holds: NaN for floating dtypes, 0 for integers
-    (rank_input never draws either), so an element the backend never wrote cannot pass for a received one."""
+    (rank_input never draws either), so an element the backend never wrote cannot pass for a received one.
+    Every bool is drawn: its sentinel is the byte 0xFF, which no bool a backend writes holds (``_bits``
+    compares bytes)."""
+    size = (shape,) if isinstance(shape, int) else tuple(shape)
+    if dtype == torch.bool:
+        return torch.full(size, 0xFF, dtype=torch.uint8, device=device).view(torch.bool)
     if dtype.is_floating_point or dtype.is_complex:
         # filled in float32 and converted: older torch has no fill kernel for float8
-        size = (shape,) if isinstance(shape, int) else tuple(shape)
         return torch.full(size, float("nan"), device=device).to(dtype)
     return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -307,6 +312,8 @@ def assert_moved(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     """One row of raw bytes per element: exact for every dtype, float8 and NaN included."""
-    # a copy, not contiguous(): a one-element view with stride 2 counts as contiguous and can't be viewed
+    # a copy, not contiguous(): a one-element view with stride 2 counts as contiguous and can't be viewed;
+    # a bool as its byte, which a bool copy would make 0 or 1 (the sentinel's 0xFF with it)
+    tensor = tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
     flat = torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.reshape(-1))
     return flat.view(torch.uint8).reshape(flat.numel(), -1)

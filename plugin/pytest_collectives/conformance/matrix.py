@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_collectives.atomic import write_atomic
-from pytest_collectives.conformance import known_bugs
+from pytest_collectives.conformance import known_bugs, rotation
 from pytest_collectives.conformance.mismatches import SILENT
 from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
 
@@ -60,6 +60,10 @@ class CapabilityMatrix:
         self.worker = worker  # a pytest-xdist worker: hands its tallies to the controller, writes nothing
         self.probes: dict[int, Capabilities] = {}
         self.tallies: dict[Cell, _Tally] = {}
+        # Conformance tests collected and selected: the matrix and its verdicts belong to runs that have
+        # them. A perf-only run probes groups too (the registered algorithms' benchmarks), and must not
+        # be judged, or even reported, as a conformance run.
+        self.selected = 0
         self.ran = 0  # conformance tests that ran (passed or failed), cells or not
         self.mismatches: dict[tuple[str, str, int], str] = {}  # (operation, kind, world size): behaviour
 
@@ -157,15 +161,23 @@ class CapabilityMatrix:
             rows.append({**row, "behaviour": kinds.pop() if len(kinds) == 1 else each})
         return rows
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.selected = sum(item.get_closest_marker("conformance") is not None for item in session.items)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and not report.skipped and "conformance" in report.keywords:
             self.ran += 1
 
+    def reports(self) -> bool:
+        """Whether this run has a matrix to report: a group was probed for conformance tests selected (or
+        for the cross-rank mismatches, which report here)."""
+        return bool((self.selected or self.mismatches) and self.probes)
+
     def checked_nothing(self) -> bool:
-        """Whether conformance tests were collected and none ran: every one N/A or skipped, so no cell was
+        """Whether conformance tests were selected and none ran: every one N/A or skipped, so no cell was
         tried. Such a run proves nothing and must not pass."""
         return (
-            bool(self.probes)
+            self.reports()
             and not self.ran
             and not any(t.passed or t.failed for t in self.tallies.values())
         )
@@ -192,6 +204,7 @@ class CapabilityMatrix:
                 for c in self.probes.values()
             ],
             "tallies": [[*cell, dataclasses.asdict(t)] for cell, t in self.tallies.items()],
+            "selected": self.selected,
             "ran": self.ran,
             "mismatches": [[*key, behaviour] for key, behaviour in self.mismatches.items()],
         }
@@ -215,11 +228,12 @@ class CapabilityMatrix:
             tally.known += counts["known"]
             tally.first_failure = tally.first_failure or counts["first_failure"]
             tally.known_bug = tally.known_bug or counts["known_bug"]
+        self.selected = max(self.selected, exported["selected"])  # each worker collects the whole run
         self.ran += exported["ran"]
         self.mismatches.update(((o, k, n), b) for o, k, n, b in exported["mismatches"])
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.probes or self.worker:
+        if not self.reports() or self.worker:
             return
         doc = self.document()
         terminalreporter.section("capability matrix")
@@ -231,6 +245,12 @@ class CapabilityMatrix:
             )
         for line in grid(doc, _MARK, sep=" "):
             terminalreporter.write_line(line)
+        turn = rotation.taken(self.config)
+        if turn is not None:
+            terminalreporter.write_line(
+                f"the sweeps' rotating tiers (1 Mi, 64 Ki, the layouts' dtypes) turned at {turn}, each world "
+                f"size a turn further; --hypothesis-seed={turn} turns them there again"
+            )
         for stack, verdict in doc.get("training", {}).items():
             terminalreporter.write_line(f"{stack}: {verdict}", red=verdict.startswith(FAIL))
         for line in semantics_lines(doc.get("semantics", [])) + mismatch_lines(doc.get("mismatches", [])):

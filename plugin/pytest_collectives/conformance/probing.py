@@ -77,8 +77,10 @@ def _drawn_from_probe(request: pytest.FixtureRequest) -> None:
     if marker is None and request.node.get_closest_marker("conformance") is None:
         return
     from pytest_collectives.conformance import capabilities as caps
+    from pytest_collectives.conformance import rotation
     from pytest_collectives.conformance.cases import applicable
 
+    rotation.use(rotation.of_run(request.config))
     found: Capabilities = request.getfixturevalue("capabilities")
     if request.node.get_closest_marker("training"):
         found = _with_training_rows(request, found)

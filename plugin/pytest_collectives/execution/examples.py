@@ -19,7 +19,7 @@ import contextlib
 import contextvars
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -37,6 +37,9 @@ class Tally:
 
     ran: int = 0
     failed_example: int | None = None
+    # examples the test turned down (``assume(False)``: a call refused in one of its cases), which tell
+    # nothing: the matrix must not count them as passed
+    turned_down: list[int] = dataclasses.field(default_factory=list)
 
 
 _TALLY: contextvars.ContextVar[Tally | None] = contextvars.ContextVar("collectives_tally", default=None)
@@ -124,7 +127,11 @@ def run_batch(
     A rank whose check failed (an AssertionError, after the example's calls) runs the rest of the batch,
     so that its calls keep pairing with the others' and every rank ends the call; any other exception may
     have cut the example's calls short, so it ends the batch at once, and the ranks left waiting in a call
-    it skipped are reported hung a few seconds later (the pool's grace after a failure)."""
+    it skipped are reported hung a few seconds later (the pool's grace after a failure).
+
+    The first failure stands whatever a later example does: a skip (``pytest.skip``, a refusal read as
+    N/A, a BaseException) or an error after it is named beside it, never instead of it."""
+    import pytest
     from hypothesis.errors import UnsatisfiedAssumption
 
     tally = _TALLY.get() or Tally()
@@ -136,15 +143,19 @@ def run_batch(
         try:
             fn(*args, **kwargs, **example)
         except UnsatisfiedAssumption:
-            continue  # turned down on this rank: every rank draws the same, so on every rank
+            tally.turned_down.append(i)  # every rank draws the same, so on every rank
+            continue
         except AssertionError as exc:
             if first is None:
                 first, tally.failed_example = exc, i
-        except Exception:
+        # pytest's skip and fail are BaseExceptions (``except Exception`` in a test must not swallow
+        # them): a batch catches them too, or a later example's skip would hide an earlier failure
+        except (Exception, pytest.skip.Exception, pytest.fail.Exception) as exc:
             tally.ran += 1
             if first is None:
                 tally.failed_example = i
                 raise
+            _note(first, f"example {i + 1}, after this failure, then ended the batch: {_one_line(exc)}")
             break  # after this rank's first failure: that one is the call's
         tally.ran += 1
     if first is not None:
@@ -153,18 +164,32 @@ def run_batch(
         raise UnsatisfiedAssumption  # every example turned down: hypothesis draws another batch
 
 
+def _one_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "msg", None) or exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, which Python 3.10 lacks: there the note joins the message."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        exc.args = (f"{exc.args[0] if exc.args else ''}\n{note}", *exc.args[1:])
+
+
 def each_example(
-    kwargs: dict[str, Any], verdict: str, failed_example: int | None
+    kwargs: dict[str, Any], verdict: str, failed_example: int | None, turned_down: Collection[int] = ()
 ) -> Iterator[tuple[dict[str, Any], str]]:
     """(arguments, verdict) of each example of a batch up to its first failure: those before it passed,
-    and those after it tell nothing."""
+    and those after it tell nothing; nor do those ``turned_down`` (an assumption refused them)."""
     fixtures = {k: v for k, v in kwargs.items() if k != "batch"}
     failed = verdict == "failed" and failed_example is not None
     for i, example in enumerate(kwargs["batch"]):
         if failed and i == failed_example:
             yield {**fixtures, **example}, verdict
             return
-        yield {**fixtures, **example}, "passed" if failed else verdict
+        if i not in turned_down:
+            yield {**fixtures, **example}, "passed" if failed else verdict
 
 
 def is_batched(test: Any) -> bool:

@@ -72,6 +72,7 @@ class RankResult:
     noted: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     examples: int = 1  # hypothesis examples this call ran: several where @examples batched them
     failed_example: int | None = None  # the first of them that failed on this rank, counted from 0
+    turned_down: list[int] = dataclasses.field(default_factory=list)  # those an assumption refused
     printed: bool = True  # whether the rank wrote to its stdout or stderr in the test
     # time.perf_counter() when the rank took the task, began the body, ended it and answered: where a test's
     # time goes on the ranks (tests/bench_harness_cost.py)

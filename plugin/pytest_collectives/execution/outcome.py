@@ -25,6 +25,7 @@ class RankReport:
     dirty: list[str] = dataclasses.field(default_factory=list)  # what the test left unfit on this rank
     examples: int = 1  # hypothesis examples the call ran (several in a batch of @examples)
     failed_example: int | None = None  # the first of them that failed here
+    turned_down: list[int] = dataclasses.field(default_factory=list)  # those an assumption refused here
 
     @classmethod
     def of(cls, result: RankResult, **more: object) -> RankReport:
@@ -38,6 +39,7 @@ class RankReport:
             noted=result.noted,
             examples=result.examples,
             failed_example=result.failed_example,
+            turned_down=result.turned_down,
             **more,  # type: ignore[arg-type]
         )
 
@@ -70,6 +72,10 @@ class GroupOutcome:
     def failed_example(self) -> int | None:
         """In a batch of examples, the first that failed on any rank."""
         return min((r.failed_example for r in self.ranks if r.failed_example is not None), default=None)
+
+    def turned_down(self) -> set[int]:
+        """In a batch of examples, those an assumption refused on any rank: they passed nothing."""
+        return {i for r in self.ranks for i in r.turned_down}
 
     def keep_first_failing_example(self) -> None:
         """In a batch of examples only the earliest example that failed on any rank is the call's failure

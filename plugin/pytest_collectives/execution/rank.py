@@ -434,6 +434,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         noted=noted,
         examples=tally.ran or 1,
         failed_example=tally.failed_example,
+        turned_down=tally.turned_down,
         timeline=(start, start + duration),
     )
 

@@ -402,7 +402,11 @@ class DistributedSession:
         verdict = outcome.verdict()
         batched = hypothesis_inner and examples.is_batched(item.obj)
         failed_at = outcome.failed_example() if batched else None
-        calls = examples.each_example(kwargs, verdict, failed_at) if batched else [(kwargs, verdict)]
+        calls = (
+            examples.each_example(kwargs, verdict, failed_at, outcome.turned_down())
+            if batched
+            else [(kwargs, verdict)]
+        )
         if verdict == "failed" and failed_at is not None:
             example = kwargs["batch"][failed_at]
             outcome.failing_example = ", ".join(f"{k}={v!r}" for k, v in example.items())

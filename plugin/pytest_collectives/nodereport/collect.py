@@ -231,7 +231,7 @@ class NodeReport:
     def _capabilities(self) -> dict[str, Any] | None:
         """The conformance suites' capability matrix, where a conformance test probed a group."""
         matrix = self.config.pluginmanager.get_plugin("collectives-capabilities")
-        return matrix.document() if matrix is not None and matrix.probes else None
+        return matrix.document() if matrix is not None and matrix.reports() else None
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.written:

@@ -147,9 +147,13 @@ def _test_check(tests: Mapping[str, Any]) -> Check:
 
 
 def _capability_check(matrix: Mapping[str, Any]) -> Check:
-    """The capability matrix as one verdict: FAIL where any cell failed, with the whole matrix as a table
-    (a row per operation and reduce op, the dtypes of each status), so every output of the report has it."""
+    """The capability matrix as one verdict: FAIL where any cell failed, WARN where no cell passed (all
+    untested or known bugs: nothing was verified), PASS where cells passed, saying how many of those
+    supported; with the whole matrix as a table (a row per operation and reduce op, the dtypes of each
+    status), so every output of the report has it."""
     from pytest_collectives.conformance.matrix import FAIL as CELL_FAIL
+    from pytest_collectives.conformance.matrix import NA as CELL_NA
+    from pytest_collectives.conformance.matrix import PASS as CELL_PASS
     from pytest_collectives.conformance.matrix import STATUSES as CELL_STATUSES
     from pytest_collectives.conformance.matrix import short_dtype
 
@@ -187,7 +191,11 @@ def _capability_check(matrix: Mapping[str, Any]) -> Check:
             f"({first.get('first_failure', '')}): the failing tests are listed below.",
             details,
         )
-    return Check("capability matrix", PASS, f"{where}; nothing supported gave a wrong result.", details)
+    supported = len(matrix["cells"]) - counts[CELL_NA]
+    tried = f"{counts[CELL_PASS]} of the {supported} supported cells tried and passed"
+    if not counts[CELL_PASS]:
+        return Check("capability matrix", WARN, f"{where}; {tried}: nothing was verified.", details)
+    return Check("capability matrix", PASS, f"{where}; {tried}, none gave a wrong result.", details)
 
 
 def _benchmark_check(baseline: Mapping[str, Any]) -> Check:

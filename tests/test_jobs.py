@@ -1,0 +1,52 @@
+"""The README's jobs as a user types them, on the real suites (copied beside an empty baselines/): a run's
+verdicts belong to what it ran, so the CI gate's commands pass on a healthy machine."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from helpers import SUITES
+
+# The registered algorithms' benchmarks probe their group's capabilities, as a conformance test does: the
+# perf run that once failed on a healthy machine ("conformance checked nothing"): two algorithms at 4 and
+# 64 KiB (the sweep's option --max-bytes shortens it).
+PERF = ("suites/perf/test_collectives.py", "-k", "registered and (ring_all_gather or tree_reduce)")
+CONFORMANCE = ("suites/conformance/test_point_to_point.py", "-k", "ring_exchange")
+
+
+@pytest.fixture
+def checkout(pytester: pytest.Pytester) -> pytest.Pytester:
+    shutil.copytree(SUITES, pytester.path / "suites", ignore=shutil.ignore_patterns("__pycache__"))
+    pytester.makeini("[pytest]\nbaseline_dir = baselines\n")
+    return pytester
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest("--world-sizes", "2", "--max-bytes", "64K", "-p", "no:cacheprovider", *args)
+
+
+def test_the_ci_gate_commands_pass_a_healthy_perf_run(checkout: pytest.Pytester) -> None:
+    """``--baseline-save`` three times, then ``--fail-on-regression``: exit 0 each, and no conformance verdict
+    (no matrix, no "checked nothing") in a run that selected no conformance test."""
+    for _ in range(3):
+        saved = run(checkout, *PERF, "--baseline-save")
+        assert saved.ret == 0, saved.stdout.str()[-3000:]
+        saved.stdout.fnmatch_lines(["*saved 4 benchmark(s) as a run of the baseline of cpu-*"])
+    gated = run(checkout, *PERF, "--fail-on-regression")
+    gated.assert_outcomes(passed=4)
+    assert gated.ret == 0, gated.stdout.str()[-3000:]
+    gated.stdout.fnmatch_lines(["compared with *baseline.json: 3 run(s)*"])
+    for result in (saved, gated):
+        result.stdout.no_fnmatch_line("*capability matrix*")
+        result.stdout.no_fnmatch_line("*conformance checked nothing*")
+
+
+def test_a_conformance_run_has_its_matrix_and_a_run_of_both_both_verdicts(checkout: pytest.Pytester) -> None:
+    alone = run(checkout, *CONFORMANCE)
+    assert alone.ret == 0, alone.stdout.str()[-3000:]
+    alone.stdout.fnmatch_lines(["*capability matrix*", "send_recv *P*"])
+    alone.stdout.no_fnmatch_line("*compared with*")
+    both = run(checkout, CONFORMANCE[0], PERF[0], "-k", f"ring_exchange or ({PERF[2]})", "--baseline-save")
+    assert both.ret == 0, both.stdout.str()[-3000:]
+    both.stdout.fnmatch_lines(["*saved 4 benchmark(s) as a run of the baseline*", "*capability matrix*"])

@@ -1,0 +1,93 @@
+"""The sweeps' rotating tiers turn with the run's seed: two seeds draw different cells at 1 Mi, consecutive
+seeds walk every cell (and at 64 Ki every reduce op of each dtype, and in the layout sweep every dtype of
+each element size), and one run's world sizes each draw another."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+
+import pytest
+from helpers import SUITES
+
+from pytest_collectives.conformance import capabilities as caps
+from pytest_collectives.conformance import rotation
+from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS, Capabilities, dtype_name
+from pytest_collectives.conformance.cases import TIERS, _every_cell, supported_cells
+from pytest_collectives.execution import session
+
+SIZES = (2, 3, 4)
+# all_reduce as gloo takes it, near enough: every reduce op of integers, the bitwise ones refused in floats
+CELLS = {
+    ("all_reduce", dtype_name(d), op): "" if d.is_floating_point is False or op not in ("band", "bor", "bxor")
+    else "refused"
+    for d in DTYPES
+    for op in REDUCE_OPS
+}
+
+
+@contextlib.contextmanager
+def running(seed: int, world_size: int, **params: object) -> Iterator[None]:
+    """As while a test at ``world_size`` of a run at SIZES with ``--hypothesis-seed=seed`` draws."""
+    caps.use(Capabilities("fake", "cpu", world_size, dict(CELLS)))
+    rotation.use(seed)
+    tokens = session._PARAMS.set({"world_size": world_size, **params}), session._SIZES.set(SIZES)
+    try:
+        yield
+    finally:
+        session._PARAMS.reset(tokens[0])
+        session._SIZES.reset(tokens[1])
+        caps.use(None)
+
+
+def tier(seed: int, world_size: int, size: int) -> set[tuple[str, str, str, int]]:
+    with running(seed, world_size):
+        cases = _every_cell("all_reduce", rotation.turn())
+    return {(*case.cells()[0], case.values.scale) for case in cases if case.size == size}
+
+
+def test_two_seeds_draw_different_cells_and_consecutive_seeds_cover_every_cell() -> None:
+    with running(0, 2):  # those the probe supports that the reference defines
+        supported = {(c[0], dtype_name(c[1]), c[2]) for c in [("all_reduce", *cell) for cell in
+                     supported_cells(["all_reduce"], DTYPES, REDUCE_OPS)]}
+    assert len(supported) > 30
+    assert tier(1, 2, TIERS[1]) != tier(2, 2, TIERS[1])
+    # one run's world sizes: three cells at 1 Mi, not one
+    assert len({cell for n in SIZES for cell in tier(5, n, TIERS[1])}) == 3
+    at_1mi = {cell[:3] for seed in range(len(supported)) for cell in tier(seed, 2, TIERS[1])}
+    assert at_1mi == supported
+    at_64ki = {cell[:3] for seed in range(len(REDUCE_OPS)) for cell in tier(seed, 2, TIERS[0])}
+    assert at_64ki == supported
+
+
+def test_the_layout_sweep_turns_every_dtype_of_each_element_size() -> None:
+    path = SUITES / "conformance" / "test_layouts.py"
+    spec = importlib.util.spec_from_file_location("layouts_under_test", path)
+    layouts = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = layouts  # type: ignore[union-attr]  # its dataclasses look themselves up
+    try:
+        spec.loader.exec_module(layouts)  # type: ignore[union-attr]
+    finally:
+        del sys.modules[spec.name]  # type: ignore[union-attr]
+    cells = {("all_reduce", dtype_name(d), "sum"): "" for d in DTYPES}
+
+    def dtypes(seed: int) -> set[str]:
+        with running(seed, 2, name="all_reduce"):
+            caps.use(Capabilities("fake", "cpu", 2, cells))
+            return {dtype_name(t.dtype) for t in layouts._of_each_size(rotation.turn())}
+
+    with running(0, 2):
+        caps.use(Capabilities("fake", "cpu", 2, cells))
+        supported = {dtype_name(d) for d, _ in supported_cells(["all_reduce"], DTYPES, ("sum",))}
+    assert dtypes(1) != dtypes(2) and len(supported) > 8
+    assert set().union(*(dtypes(seed) for seed in range(len(DTYPES)))) == supported
+
+
+def test_the_run_turns_at_its_hypothesis_seed(pytester: pytest.Pytester) -> None:
+    config = pytester.parseconfig("--hypothesis-seed=7")
+    assert rotation.taken(config) is None and rotation.of_run(config) == 7 == rotation.taken(config)
+    assert rotation.of_run(pytester.parseconfig("--hypothesis-seed=abc")) == rotation.of_run(
+        pytester.parseconfig("--hypothesis-seed=abc")
+    )
