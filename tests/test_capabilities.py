@@ -382,6 +382,39 @@ def test_a_barrier_that_does_not_wait_fails_every_time(pytester: pytest.Pytester
     result.stdout.fnmatch_lines(["*AssertionError: rank ? left the barrier before ranks [[]*2] entered it"])
 
 
+VENDOR = """
+import torch.distributed as dist
+from pytest_collectives.conformance.refbackend import ReferenceBackend
+
+
+class Acme(ReferenceBackend):  # gloo underneath; its module forgot refuses("acme", like="gloo")
+    name = "acme"
+
+
+if "ACME" not in dist.Backend._plugins:
+    dist.Backend.register_backend("acme", Acme, devices=["cpu"])
+"""
+
+
+@python_backends
+def test_a_backend_failing_in_another_backends_refusal_words_is_told_how_to_declare_them(pytester) -> None:
+    """The failures stand (N/A only in the backend's own words), and the summary says once what to do."""
+    pytester.makepyfile(acme_backend=VENDOR)
+    copy_suite(pytester.path)
+    result = pytester.runpytest(
+        "--backend-module", "acme_backend", "--backend", "acme", "--world-sizes", "2", "-p",
+        "no:cacheprovider", "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "1 failure(s) raised gloo's refusal words (*), and acme declares no refusal words of its own, so "
+            "they are failures, not N/A. If acme refuses these calls as gloo does, declare it in its backend "
+            'module: refuses("acme", like="gloo") (pytest_collectives.conformance.capabilities)'
+        ]
+    )
+
+
 @python_backends
 def test_a_later_refusal_never_erases_an_earlier_failure(pytester: pytest.Pytester) -> None:
     """The layout sweep's float32 example fails and its later dtypes are refused in gloo's words, on a

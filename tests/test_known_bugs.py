@@ -52,6 +52,64 @@ def test_a_known_bug_is_a_strict_xfail_on_the_backends_it_names(pytester: pytest
     result.stdout.fnmatch_lines(["[[]XPASS(strict)[]] known gloo bug*"])
 
 
+RANKS = """
+import pytest
+
+@pytest.mark.world_size(2)
+def test_wrong_on_gloo(pg):
+    if pg.rank == 0:
+        assert 1 + 1 == 3
+    assert pg.rank == 0 or OTHER_BUG_ON_RANK_1, "rank 1 has a bug of its own"
+
+OTHER_BUG_ON_RANK_1 = {other}
+"""
+
+
+@pytest.mark.parametrize("other", [False, True], ids=["same-bug", "another-bug-on-rank-1"])
+def test_a_known_bug_on_one_rank_hides_no_other_ranks_failure(pytester: pytest.Pytester, other) -> None:
+    """Each failing rank's own failure must be the bug: rank 0's known bug once explained the whole
+    report, rank 1's other failure in the same call with it."""
+    pytester.makepyfile(test_user=RANKS.format(other=not other))
+    path = manifest(pytester.path / "bugs.json", bug("test_wrong_on_gloo"))
+    result = pytester.runpytest("--known-bugs", str(path), "--world-sizes", "2", "-p", "no:cacheprovider")
+    if other:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["*not the known bug this test is marked with*"])
+    else:
+        result.assert_outcomes(xfailed=1)
+
+
+BATCHED = """
+import pytest
+from hypothesis import settings, strategies as st
+from pytest_collectives import sweep
+
+settings.register_profile("no_deadline", deadline=None)  # the first call starts the group
+settings.load_profile("no_deadline")
+
+@pytest.mark.world_size(2)
+@sweep(x=st.just(list(range(20))))
+def test_wrong_on_gloo(pg, x):
+    if x % 10 == 3:
+        assert 1 + 1 == 3
+    assert x != {other}, "a bug of its own at {other}"
+"""
+
+
+@pytest.mark.parametrize("other", [-1, 17], ids=["known-bug-alone", "another-bug-past-it"])
+def test_a_known_bug_hides_only_its_own_examples(pytester: pytest.Pytester, other) -> None:
+    """Examples that fail with the known bug do not end the test: the others run and are judged, so a
+    second bug of the test fails it, where once the first known example ended the test as XFAIL."""
+    pytester.makepyfile(test_user=BATCHED.format(other=other))
+    path = manifest(pytester.path / "bugs.json", bug("test_wrong_on_gloo"))
+    result = pytester.runpytest("--known-bugs", str(path), "--world-sizes", "2", "-p", "no:cacheprovider")
+    if other < 0:
+        result.assert_outcomes(xfailed=1)
+    else:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["*AssertionError: a bug of its own at 17*"])
+
+
 def test_another_failure_of_a_known_bugs_test_fails(pytester: pytest.Pytester) -> None:
     """The entry names the bug (its exception and message): a new bug in the same test is not swallowed."""
     pytester.makepyfile(test_user=TESTS)

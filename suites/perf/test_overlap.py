@@ -13,6 +13,7 @@ import statistics
 import pytest
 import torch
 import torch.distributed as dist
+from copycheck import SENTINEL, assert_copied, pattern, sentinel
 
 from pytest_collectives.algorithms import collectives as alg
 from pytest_collectives.bench.timing import measure
@@ -39,8 +40,8 @@ def _exchange(buf: torch.Tensor, inbox: torch.Tensor, peer: int) -> list[dist.Wo
 def test_two_transfers(pg, benchmark, nbytes):
     """comm/comm: two exchanges in flight at once against one after the other."""
     peer = 1 - pg.rank
-    bufs = [torch.ones(nbytes // 4, device=pg.device) for _ in range(2)]
-    inboxes = [torch.empty_like(b) for b in bufs]
+    bufs = [pattern(nbytes, 2 * pg.rank + i, pg.device).view(torch.float32) for i in range(2)]
+    inboxes = [sentinel(nbytes, pg.device).view(torch.float32) for _ in bufs]
 
     def sequential():
         for buf, inbox in zip(bufs, inboxes, strict=True):
@@ -53,8 +54,13 @@ def test_two_transfers(pg, benchmark, nbytes):
             work.wait()
 
     sequential_s = _median(pg, sequential)
+    for inbox in inboxes:
+        inbox.view(torch.uint8).fill_(SENTINEL)  # what lands from here on is the concurrent exchanges'
     benchmark(concurrent, nbytes=4 * nbytes, collective="p2p")
     _note_ratio(benchmark, "sequential_median_s", sequential_s, "concurrent_over_sequential")
+    for i, inbox in enumerate(inboxes):
+        what = f"exchange {i + 1} of 2 in flight on rank {pg.rank}"
+        assert_copied(inbox, pattern(nbytes, 2 * peer + i), what)
 
 
 @pytest.mark.world_size(2)
@@ -63,11 +69,11 @@ def test_matmul_with_transfer(pg, benchmark, transfer, nbytes):
     """comm/compute: a matmul's time while a transfer is in flight, against the matmul alone."""
     a = torch.randn(MATMUL_N, MATMUL_N, device=pg.device)
     peer = 1 - pg.rank
-    buf = torch.ones(nbytes // 4, device=pg.device)
+    buf = pattern(nbytes, pg.rank, pg.device).view(torch.float32)
     # copy-based on GPU: straight into the peer's device memory (tensor.to), on a stream of its own
     on_gpu = pg.device.type == "cuda"
     target = torch.device("cuda", peer) if on_gpu and transfer == "copy" else pg.device
-    inbox = torch.empty_like(buf, device=target)
+    inbox = sentinel(nbytes, target).view(torch.float32)
     copy_stream = torch.cuda.Stream() if on_gpu else None
 
     def matmul():
@@ -93,6 +99,8 @@ def test_matmul_with_transfer(pg, benchmark, transfer, nbytes):
     benchmark.extra_info["transfer"] = transfer
     benchmark(overlapped, nbytes=nbytes, collective="p2p")
     _note_ratio(benchmark, "alone_median_s", alone_s, "slowdown")
+    sender = peer if transfer == "send" else pg.rank
+    assert_copied(inbox, pattern(nbytes, sender), f"{transfer} overlapped with a matmul on rank {pg.rank}")
 
 
 @pytest.mark.world_size()
@@ -102,8 +110,16 @@ def test_gemm_reduce_scatter(pg, benchmark, schedule):
     chunk's transfer, against a matmul followed by the reduce-scatter."""
     n = pg.world_size
     m, k, cols = 64 * n, 128, 128
-    a = torch.randn(m, k, device=pg.device)
-    b = torch.randn(k, cols, device=pg.device)
+    # every rank's factors, from its own generator: each rank rebuilds the sum to check its block
+    factors = [
+        (torch.randn(m, k, generator=pg.generator(r)), torch.randn(k, cols, generator=pg.generator(r)))
+        for r in range(n)
+    ]
+    a, b = (x.to(pg.device) for x in factors[pg.rank])
     fn = alg.gemm_reduce_scatter if schedule == "pipelined" else alg.gemm_reduce_scatter_sequential
     benchmark.extra_info.update(schedule=schedule, m=m, k=k, n=cols)
-    benchmark(fn, a, b, nbytes=m * cols * 4, collective="reduce_scatter")
+    block = benchmark(fn, a, b, nbytes=m * cols * 4, collective="reduce_scatter")
+    whole = sum(x.double() @ y.double() for x, y in factors)
+    mine = whole[pg.rank * (m // n) : (pg.rank + 1) * (m // n)]
+    # float32 products summed in another order: a wrong block is off by whole values, not by rounding
+    torch.testing.assert_close(block.cpu().double(), mine, rtol=1e-4, atol=1e-3)

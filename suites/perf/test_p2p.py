@@ -53,19 +53,27 @@ MODES = ["send_recv", "isend_irecv", "batch_isend_irecv"]
 @pytest.mark.parametrize("direction", ["unidir", "bidir"])
 @pytest.mark.parametrize("mode", MODES)
 def test_send_bandwidth(pg, benchmark, mode, direction, nbytes):
-    buf = torch.ones(nbytes // 4, device=pg.device)
-    inbox = torch.empty_like(buf)
+    buf, inbox = own_and_inbox(pg, nbytes)
     moved = nbytes * (2 if direction == "bidir" else 1)
     benchmark.extra_info.update(dtype="float32", mode=mode, direction=direction, src=0, dst=1)
     benchmark(transfer, mode, direction, buf, inbox, pg.rank, 0, 1, nbytes=moved, collective="p2p")
+    if pg.rank == 1 or direction == "bidir":
+        peer = 1 - pg.rank
+        assert_copied(inbox, pattern(nbytes, peer), f"{mode} {direction}: rank {peer} -> rank {pg.rank}")
+
+
+def own_and_inbox(pg, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's pattern to send and a sentinel inbox, as float32: what a transfer must have landed is
+    the peer's pattern, which every rank can rebuild."""
+    own = pattern(nbytes, pg.rank, pg.device).view(torch.float32)
+    return own, sentinel(nbytes, pg.device).view(torch.float32)
 
 
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("mode", MODES)
 def test_send_latency(pg, benchmark, mode):
     """A ping-pong of one float: half the round trip is the one-way latency (in extra_info)."""
-    buf = torch.ones(LATENCY_BYTES // 4, device=pg.device)
-    inbox = torch.empty_like(buf)
+    buf, inbox = own_and_inbox(pg, LATENCY_BYTES)
 
     def ping_pong():
         transfer(mode, "unidir", buf, inbox, pg.rank, 0, 1)
@@ -73,6 +81,9 @@ def test_send_latency(pg, benchmark, mode):
 
     benchmark.extra_info.update(dtype="float32", mode=mode, message_bytes=LATENCY_BYTES)
     benchmark(ping_pong, nbytes=2 * LATENCY_BYTES, collective="p2p")
+    if pg.rank in (0, 1):
+        peer = 1 - pg.rank
+        assert_copied(inbox, pattern(LATENCY_BYTES, peer), f"{mode} ping-pong: rank {peer} -> rank {pg.rank}")
 
 
 def _shared_buffer(pg, numel: int) -> tuple[torch.Tensor, str]:

@@ -200,6 +200,22 @@ def refuses(backend: str, *patterns: str, like: str | None = None) -> None:
     known.extend(p for p in patterns if p not in known)
 
 
+_ERROR_LINE = re.compile(r"^\w*(?:Error|Exception): (.+)$", re.MULTILINE)
+
+
+def resembles(failure: str, backend: str) -> tuple[str, str] | None:
+    """Where ``backend`` declares no refusal words, an error line of ``failure`` (a report's text) that is
+    another backend's refusal, as (that backend, the line): the failure stands (N/A only in a backend's
+    own words), but a vendor who forgot ``refuses(backend, like=...)`` is told so."""
+    if any(part.split(":")[-1].lower() in _REFUSALS for part in backend.split(",")):
+        return None
+    for line in (m.group(1).strip() for m in _ERROR_LINE.finditer(failure)):
+        for other, patterns in _REFUSALS.items():
+            if other != "*" and any(re.fullmatch(p, line) for p in patterns):
+                return other, line[:200]
+    return None
+
+
 def refusal(exc: BaseException, backend: str) -> str | None:
     """The one-line reason when ``exc`` is ``backend`` (a name, or a spec such as "cpu:gloo,cuda:nccl")
     saying it does not implement a call, else None."""

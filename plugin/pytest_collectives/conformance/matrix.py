@@ -21,6 +21,7 @@ from pytest_collectives.atomic import write_atomic
 from pytest_collectives.conformance import known_bugs, rotation
 from pytest_collectives.conformance.mismatches import SILENT
 from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
+from pytest_collectives.execution.examples import KNOWN as KNOWN_EXAMPLE
 
 if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
     from pytest_collectives.conformance.capabilities import Capabilities, Cell
@@ -66,6 +67,9 @@ class CapabilityMatrix:
         self.selected = 0
         self.ran = 0  # conformance tests that ran (passed or failed), cells or not
         self.mismatches: dict[tuple[str, str, int], str] = {}  # (operation, kind, world size): behaviour
+        # failures in another backend's refusal words, where this backend declares none: (that backend,
+        # the first such line) and how many (capabilities.resembles)
+        self.resembling: dict[str, tuple[str, int]] = {}
 
     def add_probe(self, capabilities: Capabilities) -> None:
         self.probes[capabilities.world_size] = capabilities
@@ -77,7 +81,7 @@ class CapabilityMatrix:
     def pytest_collectives_call_done(
         self, item: pytest.Item, world_size: int, kwargs: dict[str, Any], verdict: str
     ) -> None:
-        if verdict not in ("passed", "failed"):
+        if verdict not in ("passed", "failed", KNOWN_EXAMPLE):
             return
         bugs = known_bugs.expected(item)
         for value in kwargs.values():
@@ -167,6 +171,13 @@ class CapabilityMatrix:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and not report.skipped and "conformance" in report.keywords:
             self.ran += 1
+            if report.failed:
+                from pytest_collectives.conformance.capabilities import resembles
+
+                found = resembles(report.longreprtext, self.backend)
+                if found:
+                    line, count = self.resembling.get(found[0], (found[1], 0))
+                    self.resembling[found[0]] = (line, count + 1)
 
     def reports(self) -> bool:
         """Whether this run has a matrix to report: a group was probed for conformance tests selected (or
@@ -207,6 +218,7 @@ class CapabilityMatrix:
             "selected": self.selected,
             "ran": self.ran,
             "mismatches": [[*key, behaviour] for key, behaviour in self.mismatches.items()],
+            "resembling": [[like, line, count] for like, (line, count) in self.resembling.items()],
         }
 
     def merge(self, exported: dict[str, Any]) -> None:
@@ -231,6 +243,9 @@ class CapabilityMatrix:
         self.selected = max(self.selected, exported["selected"])  # each worker collects the whole run
         self.ran += exported["ran"]
         self.mismatches.update(((o, k, n), b) for o, k, n, b in exported["mismatches"])
+        for like, line, count in exported["resembling"]:
+            line, before = self.resembling.get(like, (line, 0))
+            self.resembling[like] = (line, before + count)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.reports() or self.worker:
@@ -255,6 +270,14 @@ class CapabilityMatrix:
             terminalreporter.write_line(f"{stack}: {verdict}", red=verdict.startswith(FAIL))
         for line in semantics_lines(doc.get("semantics", [])) + mismatch_lines(doc.get("mismatches", [])):
             terminalreporter.write_line(line)
+        for like, (line, count) in self.resembling.items():
+            terminalreporter.write_line(
+                f"{count} failure(s) raised {like}'s refusal words ({line!r}), and {self.backend} declares "
+                f"no refusal words of its own, so they are failures, not N/A. If {self.backend} refuses "
+                f"these calls as {like} does, declare it in its backend module: "
+                f'refuses("{self.backend}", like="{like}") (pytest_collectives.conformance.capabilities)',
+                yellow=True,
+            )
         path = self.config.getoption("capability_json")
         if path:
             write_atomic(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")

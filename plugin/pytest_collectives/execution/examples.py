@@ -40,6 +40,11 @@ class Tally:
     # examples the test turned down (``assume(False)``: a call refused in one of its cases), which tell
     # nothing: the matrix must not count them as passed
     turned_down: list[int] = dataclasses.field(default_factory=list)
+    # the known bugs this test holds, as (exception name, pattern of its message) (Task.expected), and
+    # the examples that failed with one: the batch goes on past them, judging the others
+    expected: tuple[tuple[str, str], ...] = ()
+    known: list[int] = dataclasses.field(default_factory=list)
+    known_error: BaseException | None = None  # the first of them
 
 
 _TALLY: contextvars.ContextVar[Tally | None] = contextvars.ContextVar("collectives_tally", default=None)
@@ -146,7 +151,10 @@ def run_batch(
             tally.turned_down.append(i)  # every rank draws the same, so on every rank
             continue
         except AssertionError as exc:
-            if first is None:
+            if _expected(tally.expected, exc):
+                tally.known.append(i)
+                tally.known_error = tally.known_error or exc
+            elif first is None:
                 first, tally.failed_example = exc, i
         # pytest's skip and fail are BaseExceptions (``except Exception`` in a test must not swallow
         # them): a batch catches them too, or a later example's skip would hide an earlier failure
@@ -164,6 +172,16 @@ def run_batch(
         raise UnsatisfiedAssumption  # every example turned down: hypothesis draws another batch
 
 
+def _expected(expected: tuple[tuple[str, str], ...], exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the ``expected`` known bugs: its type's name, and a line of its message
+    the pattern finds (as known_bugs.KnownBug.explains reads a traceback's last line)."""
+    import re
+
+    lines = str(exc).splitlines() or [""]
+    return any(type(exc).__name__ == name and any(re.search(match, line) for line in lines)
+               for name, match in expected)
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(getattr(exc, "msg", None) or exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
@@ -177,18 +195,28 @@ def _note(exc: BaseException, note: str) -> None:
         exc.args = (f"{exc.args[0] if exc.args else ''}\n{note}", *exc.args[1:])
 
 
+KNOWN = "known"  # an example's verdict: it failed with a known bug of its test (Tally.known)
+
+
 def each_example(
-    kwargs: dict[str, Any], verdict: str, failed_example: int | None, turned_down: Collection[int] = ()
+    kwargs: dict[str, Any],
+    verdict: str,
+    failed_example: int | None,
+    turned_down: Collection[int] = (),
+    known: Collection[int] = (),
 ) -> Iterator[tuple[dict[str, Any], str]]:
     """(arguments, verdict) of each example of a batch up to its first failure: those before it passed,
-    and those after it tell nothing; nor do those ``turned_down`` (an assumption refused them)."""
+    and those after it tell nothing; nor do those ``turned_down`` (an assumption refused them). Those
+    ``known`` failed with a known bug of the test: KNOWN."""
     fixtures = {k: v for k, v in kwargs.items() if k != "batch"}
     failed = verdict == "failed" and failed_example is not None
     for i, example in enumerate(kwargs["batch"]):
         if failed and i == failed_example:
             yield {**fixtures, **example}, verdict
             return
-        if i not in turned_down:
+        if i in known:
+            yield {**fixtures, **example}, KNOWN
+        elif i not in turned_down:
             yield {**fixtures, **example}, "passed" if failed else verdict
 
 

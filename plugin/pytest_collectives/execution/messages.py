@@ -48,6 +48,9 @@ class Task:
     hypothesis_inner: bool = False  # call fn.hypothesis.inner_test: the controller runs the engine
     world_size: int = 0  # the ranks it runs on
     timeout_s: float = 0.0  # how long the ranks get: 0 for the session's --dist-timeout
+    # the known bugs the test holds, (exception name, pattern of its message): a batch of examples goes on
+    # past an example that fails with one (examples.run_batch), so that it hides only itself
+    expected: tuple[tuple[str, str], ...] = ()
 
 
 PASSED = "passed"
@@ -73,6 +76,8 @@ class RankResult:
     examples: int = 1  # hypothesis examples this call ran: several where @examples batched them
     failed_example: int | None = None  # the first of them that failed on this rank, counted from 0
     turned_down: list[int] = dataclasses.field(default_factory=list)  # those an assumption refused
+    known: list[int] = dataclasses.field(default_factory=list)  # those that failed with a known bug
+    known_failure: str = ""  # the first of them, its traceback
     printed: bool = True  # whether the rank wrote to its stdout or stderr in the test
     # time.perf_counter() when the rank took the task, began the body, ended it and answered: where a test's
     # time goes on the ranks (tests/bench_harness_cost.py)

@@ -26,6 +26,8 @@ class RankReport:
     examples: int = 1  # hypothesis examples the call ran (several in a batch of @examples)
     failed_example: int | None = None  # the first of them that failed here
     turned_down: list[int] = dataclasses.field(default_factory=list)  # those an assumption refused here
+    known: list[int] = dataclasses.field(default_factory=list)  # those that failed with a known bug here
+    known_failure: str = ""  # the first of them, its traceback
 
     @classmethod
     def of(cls, result: RankResult, **more: object) -> RankReport:
@@ -40,6 +42,8 @@ class RankReport:
             examples=result.examples,
             failed_example=result.failed_example,
             turned_down=result.turned_down,
+            known=result.known,
+            known_failure=result.known_failure,
             **more,  # type: ignore[arg-type]
         )
 
@@ -76,6 +80,14 @@ class GroupOutcome:
     def turned_down(self) -> set[int]:
         """In a batch of examples, those an assumption refused on any rank: they passed nothing."""
         return {i for r in self.ranks for i in r.turned_down}
+
+    def known(self) -> set[int]:
+        """In a batch of examples, those that failed with a known bug of the test on any rank."""
+        return {i for r in self.ranks for i in r.known}
+
+    def known_failure(self) -> str:
+        """The first rank's failure with a known bug, as ``rank N: <traceback>``; empty where none."""
+        return next((f"rank {r.rank}: {r.known_failure}" for r in self.ranks if r.known_failure), "")
 
     def keep_first_failing_example(self) -> None:
         """In a batch of examples only the earliest example that failed on any rank is the call's failure

@@ -406,7 +406,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         bench = kwargs["benchmark"] = RankBenchmark(kwargs["benchmark"], ctx.device)
     returned = None
     noted: list[tuple[str, str, str]] = []
-    tally = Tally()
+    tally = Tally(expected=task.expected)
     try:
         fn = test()  # imported outside the example's context: a module's @given must not see one
         with (
@@ -435,6 +435,8 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         examples=tally.ran or 1,
         failed_example=tally.failed_example,
         turned_down=tally.turned_down,
+        known=tally.known,
+        known_failure=_outcome_of(known, known.__traceback__)[1] if (known := tally.known_error) else "",
         timeline=(start, start + duration),
     )
 

@@ -50,6 +50,17 @@ def item_parameter(name: str) -> Any:
     return params[name]
 
 
+# The known bugs a test holds, (exception name, pattern of its message): conformance.known_bugs sets it, and
+# the ranks run a batch of examples past one that fails with one of them (examples.run_batch).
+EXPECTED_FAILURES = pytest.StashKey[tuple[tuple[str, str], ...]]()
+_KNOWN_SEEN = pytest.StashKey[str]()  # the first example's failure with one of them
+
+
+class KnownBugSeen(Exception):
+    """Raised once a test's examples all ran, where some failed with a known bug of the test and none with
+    anything else: the failure (a rank's traceback) the known-bug manifest's strict xfail then judges."""
+
+
 class GroupReplacedWarning(pytest.PytestWarning):
     """A test left its group unfit for the next one (its own verdict stands): a fresh group was started,
     or under torchrun/srun, where a rank can't be replaced, what can be put back was."""
@@ -355,6 +366,8 @@ class DistributedSession:
         finally:
             _PARAMS.reset(token)
             _SIZES.reset(sizes_token)
+        if _KNOWN_SEEN in pyfuncitem.stash:  # every example ran and no other failed: the test holds its bug
+            raise KnownBugSeen(pyfuncitem.stash[_KNOWN_SEEN])
         return True
 
     def dispatch(
@@ -377,6 +390,7 @@ class DistributedSession:
             sys_path=list(sys.path),
             hypothesis_inner=hypothesis_inner,
             world_size=n,
+            expected=item.stash.get(EXPECTED_FAILURES, ()),
         )
         try:
             pickle.dumps(task)  # in both modes, so a test that runs under torchrun also runs pooled
@@ -403,10 +417,12 @@ class DistributedSession:
         batched = hypothesis_inner and examples.is_batched(item.obj)
         failed_at = outcome.failed_example() if batched else None
         calls = (
-            examples.each_example(kwargs, verdict, failed_at, outcome.turned_down())
+            examples.each_example(kwargs, verdict, failed_at, outcome.turned_down(), outcome.known())
             if batched
             else [(kwargs, verdict)]
         )
+        if outcome.known_failure() and _KNOWN_SEEN not in item.stash:
+            item.stash[_KNOWN_SEEN] = outcome.known_failure()
         if verdict == "failed" and failed_at is not None:
             example = kwargs["batch"][failed_at]
             outcome.failing_example = ", ".join(f"{k}={v!r}" for k, v in example.items())
