@@ -15,6 +15,18 @@ import pytest_collectives.execution.pool  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
+def _hypothesis_seed_kept() -> object:
+    """An in-process run given --hypothesis-seed sets hypothesis' process-wide forced seed, which pytest
+    never unsets, and under a forced seed hypothesis saves no failure to its example database: a later
+    test of the database replaying a failure would find none."""
+    from hypothesis import core
+
+    seed = core.global_force_seed
+    yield
+    core.global_force_seed = seed
+
+
+@pytest.fixture(autouse=True)
 def _hypothesis_profile_kept() -> object:
     """An in-process run loads its own profile (the suites' ci, a planted-bug run's planted without
     shrinking) into hypothesis' one global: the next test must not inherit it."""
