@@ -29,9 +29,10 @@ CELLS = {
 
 
 @contextlib.contextmanager
-def running(seed: int, world_size: int, **params: object) -> Iterator[None]:
-    """As while a test at ``world_size`` of a run at SIZES with ``--hypothesis-seed=seed`` draws."""
-    caps.use(Capabilities("fake", "cpu", world_size, dict(CELLS)))
+def running(seed: int, world_size: int, cells: dict = CELLS, **params: object) -> Iterator[None]:
+    """As while a test at ``world_size`` of a run at SIZES with ``--hypothesis-seed=seed`` draws, on a
+    backend probed to support ``cells``."""
+    caps.use(Capabilities("fake", "cpu", world_size, dict(cells)))
     rotation.use(seed)
     tokens = session._PARAMS.set({"world_size": world_size, **params}), session._SIZES.set(SIZES)
     try:
@@ -50,8 +51,8 @@ def tier(seed: int, world_size: int, size: int) -> set[tuple[str, str, str, int]
 
 def test_two_seeds_draw_different_cells_and_consecutive_seeds_cover_every_cell() -> None:
     with running(0, 2):  # those the probe supports that the reference defines
-        supported = {(c[0], dtype_name(c[1]), c[2]) for c in [("all_reduce", *cell) for cell in
-                     supported_cells(["all_reduce"], DTYPES, REDUCE_OPS)]}
+        cells = supported_cells(["all_reduce"], DTYPES, REDUCE_OPS)
+    supported = {("all_reduce", dtype_name(d), op) for d, op in cells}
     assert len(supported) > 30
     assert tier(1, 2, TIERS[1]) != tier(2, 2, TIERS[1])
     # one run's world sizes: three cells at 1 Mi, not one
@@ -74,12 +75,10 @@ def test_the_layout_sweep_turns_every_dtype_of_each_element_size() -> None:
     cells = {("all_reduce", dtype_name(d), "sum"): "" for d in DTYPES}
 
     def dtypes(seed: int) -> set[str]:
-        with running(seed, 2, name="all_reduce"):
-            caps.use(Capabilities("fake", "cpu", 2, cells))
+        with running(seed, 2, cells, name="all_reduce"):
             return {dtype_name(t.dtype) for t in layouts._of_each_size(rotation.turn())}
 
-    with running(0, 2):
-        caps.use(Capabilities("fake", "cpu", 2, cells))
+    with running(0, 2, cells):
         supported = {dtype_name(d) for d, _ in supported_cells(["all_reduce"], DTYPES, ("sum",))}
     assert dtypes(1) != dtypes(2) and len(supported) > 8
     assert set().union(*(dtypes(seed) for seed in range(len(DTYPES)))) == supported

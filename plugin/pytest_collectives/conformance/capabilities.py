@@ -200,6 +200,11 @@ def refuses(backend: str, *patterns: str, like: str | None = None) -> None:
     known.extend(p for p in patterns if p not in known)
 
 
+def _names(backend: str) -> list[str]:
+    """The backends' names in a backend spec: "gloo", or "cpu:gloo,cuda:nccl"."""
+    return [part.split(":")[-1].lower() for part in backend.split(",")]
+
+
 _ERROR_LINE = re.compile(r"^\w*(?:Error|Exception): (.+)$", re.MULTILINE)
 
 
@@ -207,7 +212,7 @@ def resembles(failure: str, backend: str) -> tuple[str, str] | None:
     """Where ``backend`` declares no refusal words, an error line of ``failure`` (a report's text) that is
     another backend's refusal, as (that backend, the line): the failure stands (N/A only in a backend's
     own words), but a vendor who forgot ``refuses(backend, like=...)`` is told so."""
-    if any(part.split(":")[-1].lower() in _REFUSALS for part in backend.split(",")):
+    if any(name in _REFUSALS for name in _names(backend)):
         return None
     for line in (m.group(1).strip() for m in _ERROR_LINE.finditer(failure)):
         for other, patterns in _REFUSALS.items():
@@ -220,8 +225,7 @@ def refusal(exc: BaseException, backend: str) -> str | None:
     """The one-line reason when ``exc`` is ``backend`` (a name, or a spec such as "cpu:gloo,cuda:nccl")
     saying it does not implement a call, else None."""
     text = re.sub(r"[\x00-\x1f]", " ", str(exc).strip().split("\n")[0]).strip() or type(exc).__name__
-    names = ["*", *(part.split(":")[-1].lower() for part in backend.split(","))]
-    patterns = [p for name in names for p in _REFUSALS.get(name, ())]
+    patterns = [p for name in ("*", *_names(backend)) for p in _REFUSALS.get(name, ())]
     if isinstance(exc, (NotImplementedError, _NeedsPeers)) or any(re.fullmatch(p, text) for p in patterns):
         return text[:200]
     return None

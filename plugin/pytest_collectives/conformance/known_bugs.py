@@ -40,6 +40,7 @@ from pathlib import Path
 import pytest
 
 from pytest_collectives.errors import OneLineError
+from pytest_collectives.execution import examples
 from pytest_collectives.execution.messages import FAILED
 from pytest_collectives.execution.session import EXPECTED_FAILURES
 
@@ -77,10 +78,9 @@ class KnownBug:
         return not self.world_sizes or world_size in self.world_sizes
 
     def explains(self, failure: str) -> bool:
-        """Whether a failure's text (the exception, or every failing rank's traceback) holds this bug: a
-        line ``<raises>: <message>`` whose message ``match`` finds."""
-        pattern = re.compile(rf"(?:^|\W){re.escape(self.raises)}: (.*)$", re.MULTILINE)
-        return any(re.search(self.match, m.group(1)) for m in pattern.finditer(failure))
+        """Whether a failure's text (the exception, or a failing rank's traceback) holds this bug: a line
+        ``<raises>: <message>`` whose message ``match`` finds (``examples.explains``)."""
+        return examples.explains(self.raises, self.match, failure)
 
     def matches(self, item: pytest.Item, backend: str) -> bool:
         callspec = getattr(item, "callspec", None)

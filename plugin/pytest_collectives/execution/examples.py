@@ -172,14 +172,19 @@ def run_batch(
         raise UnsatisfiedAssumption  # every example turned down: hypothesis draws another batch
 
 
-def _expected(expected: tuple[tuple[str, str], ...], exc: BaseException) -> bool:
-    """Whether ``exc`` is one of the ``expected`` known bugs: its type's name, and a line of its message
-    the pattern finds (as known_bugs.KnownBug.explains reads a traceback's last line)."""
+def explains(raises: str, match: str, failure: str) -> bool:
+    """Whether a failure's text (an exception as ``Name: message``, or a traceback) holds a line
+    ``<raises>: <message>`` whose message ``match`` (a regular expression) finds: the one rule by which a
+    known bug is recognised, on the ranks (run_batch) and in pytest (known_bugs.KnownBug.explains)."""
     import re
 
-    lines = str(exc).splitlines() or [""]
-    return any(type(exc).__name__ == name and any(re.search(match, line) for line in lines)
-               for name, match in expected)
+    pattern = re.compile(rf"(?:^|\W){re.escape(raises)}: (.*)$", re.MULTILINE)
+    return any(re.search(match, m.group(1)) for m in pattern.finditer(failure))
+
+
+def _expected(expected: tuple[tuple[str, str], ...], exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the ``expected`` known bugs, (exception name, pattern of its message)."""
+    return any(explains(name, match, f"{type(exc).__name__}: {exc}") for name, match in expected)
 
 
 def _one_line(exc: BaseException) -> str:
