@@ -80,6 +80,37 @@ def _report(rank: int, failed_at: int | None) -> RankReport:
     return RankReport(rank, status, "boom" * (failed_at is not None), examples=8, failed_example=failed_at)
 
 
+SLOW = """
+import time
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+
+@pytest.mark.world_size(2)
+@settings(max_examples=2, database=None)
+@given(n=st.integers(0, 3))
+def test_slower_than_hypothesis_default_deadline(pg, n):
+    time.sleep(0.3)
+
+
+@pytest.mark.world_size(2)
+@settings(max_examples=2, database=None, deadline=100)
+@given(n=st.integers(0, 3))
+def test_slower_than_its_own_deadline(pg, n):
+    time.sleep(0.3)
+"""
+
+
+def test_a_distributed_example_has_no_built_in_deadline_but_keeps_its_own(pytester: pytest.Pytester) -> None:
+    """Its time is the ranks' (dispatch, the group's first call, the load): hypothesis' 200 ms default
+    failed the docs' first @given example at random; a deadline the test sets still holds."""
+    pytester.makepyfile(test_slow=SLOW)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*DeadlineExceeded*", "FAILED *test_slower_than_its_own_deadline*"])
+
+
 def test_only_the_earliest_failing_example_over_the_ranks_is_the_failure() -> None:
     outcome = GroupOutcome([_report(0, 5), _report(1, 2), _report(2, None)], first_failed=0)
     outcome.keep_first_failing_example()

@@ -91,17 +91,28 @@ settings.load_profile("no_deadline")
 @sweep(x=st.just(list(range(20))))
 def test_wrong_on_gloo(pg, x):
     if x % 10 == 3:
-        assert 1 + 1 == 3
+        {known}
     assert x != {other}, "a bug of its own at {other}"
 """
 
 
 @pytest.mark.parametrize("other", [-1, 17], ids=["known-bug-alone", "another-bug-past-it"])
-def test_a_known_bug_hides_only_its_own_examples(pytester: pytest.Pytester, other) -> None:
-    """Examples that fail with the known bug do not end the test: the others run and are judged, so a
-    second bug of the test fails it, where once the first known example ended the test as XFAIL."""
-    pytester.makepyfile(test_user=BATCHED.format(other=other))
-    path = manifest(pytester.path / "bugs.json", bug("test_wrong_on_gloo"))
+@pytest.mark.parametrize(
+    "known, raises, match",
+    [
+        ("assert 1 + 1 == 3", "AssertionError", r"assert \(1 \+ 1\) == 3"),
+        ("raise RuntimeError('allgather: invalid tensor size')", "RuntimeError", "invalid tensor size"),
+    ],
+    ids=["wrong-value", "raises"],
+)
+def test_a_known_bug_hides_only_its_own_examples(
+    pytester: pytest.Pytester, other, known, raises, match
+) -> None:
+    """Examples that fail with the known bug do not end the test, whatever the bug raises (a wrong value,
+    or gloo's argument check): the others run and are judged, so a second bug of the test fails it, where
+    once the first known example ended the test as XFAIL."""
+    pytester.makepyfile(test_user=BATCHED.format(other=other, known=known))
+    path = manifest(pytester.path / "bugs.json", bug("test_wrong_on_gloo", raises=raises, match=match))
     result = pytester.runpytest("--known-bugs", str(path), "--world-sizes", "2", "-p", "no:cacheprovider")
     if other < 0:
         result.assert_outcomes(xfailed=1)

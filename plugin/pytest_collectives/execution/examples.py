@@ -132,7 +132,8 @@ def run_batch(
     A rank whose check failed (an AssertionError, after the example's calls) runs the rest of the batch,
     so that its calls keep pairing with the others' and every rank ends the call; any other exception may
     have cut the example's calls short, so it ends the batch at once, and the ranks left waiting in a call
-    it skipped are reported hung a few seconds later (the pool's grace after a failure).
+    it skipped are reported hung a few seconds later (the pool's grace after a failure). An example that
+    fails with the test's known bug (``Tally.expected``), whatever it raises, is tallied and passed over.
 
     The first failure stands whatever a later example does: a skip (``pytest.skip``, a refusal read as
     N/A, a BaseException) or an error after it is named beside it, never instead of it."""
@@ -150,26 +151,37 @@ def run_batch(
         except UnsatisfiedAssumption:
             tally.turned_down.append(i)  # every rank draws the same, so on every rank
             continue
-        except AssertionError as exc:
+        except Exception as exc:
             if _expected(tally.expected, exc):
+                # the test's known bug: its entry names what every rank raises (a wrong value, or an
+                # argument check before any transfer), so the ranks go on together to the next example
                 tally.known.append(i)
                 tally.known_error = tally.known_error or exc
+            elif not isinstance(exc, AssertionError):
+                _raise_after(first, exc, i, tally)
+                break
             elif first is None:
                 first, tally.failed_example = exc, i
         # pytest's skip and fail are BaseExceptions (``except Exception`` in a test must not swallow
         # them): a batch catches them too, or a later example's skip would hide an earlier failure
-        except (Exception, pytest.skip.Exception, pytest.fail.Exception) as exc:
-            tally.ran += 1
-            if first is None:
-                tally.failed_example = i
-                raise
-            _note(first, f"example {i + 1}, after this failure, then ended the batch: {_one_line(exc)}")
-            break  # after this rank's first failure: that one is the call's
+        except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+            _raise_after(first, exc, i, tally)
+            break
         tally.ran += 1
     if first is not None:
         raise first
     if not tally.ran:
         raise UnsatisfiedAssumption  # every example turned down: hypothesis draws another batch
+
+
+def _raise_after(first: AssertionError | None, exc: BaseException, i: int, tally: Tally) -> None:
+    """End a batch at example ``i``, which raised ``exc``: raise it, unless this rank failed a check before
+    (that failure is the call's, raised by run_batch; ``exc`` is named beside it)."""
+    tally.ran += 1
+    if first is None:
+        tally.failed_example = i
+        raise exc
+    _note(first, f"example {i + 1}, after this failure, then ended the batch: {_one_line(exc)}")
 
 
 def explains(raises: str, match: str, failure: str) -> bool:
@@ -244,9 +256,13 @@ def settings_changed(test: Any, change: Callable[[Any], Any]) -> Iterator[None]:
         holder._hypothesis_internal_use_settings = current
 
 
-def phases_changed(test: Any, expected_to_fail: bool) -> contextlib.AbstractContextManager[None]:
-    """The hypothesis phases ``test`` runs: a batched test has no explain phase, an expected failure no
-    shrinking either.
+def settings_for(test: Any, expected_to_fail: bool) -> contextlib.AbstractContextManager[None]:
+    """The hypothesis settings ``test`` runs under: no built-in deadline; a batched test with no explain
+    phase, an expected failure with no shrinking either.
+
+    A distributed example's time is the ranks' (its dispatch, the group's first call, the machine's load):
+    hypothesis' built-in 200 ms deadline failed a healthy test at random (the docs' first ``@given``
+    example, at 348 ms on 2 cores). A deadline the test or its profile sets is kept.
 
     Explain varies each part of the failing batch to find what does not matter, at one dispatch per try:
     about as many calls again as shrinking (480 after 470 for a channels_last mutant at 3 ranks), to mark
@@ -258,10 +274,13 @@ def phases_changed(test: Any, expected_to_fail: bool) -> contextlib.AbstractCont
 
     dropped = {Phase.explain} if is_batched(test) else set()
     dropped |= {Phase.explain, Phase.shrink} if expected_to_fail else set()
-    if not dropped:
-        return contextlib.nullcontext()
+    built_in = settings.get_profile("default").deadline
 
-    def without(current: Any) -> Any:
-        return settings(current, phases=[phase for phase in current.phases if phase not in dropped])
+    def changed(current: Any) -> Any:
+        return settings(
+            current,
+            phases=[phase for phase in current.phases if phase not in dropped],
+            deadline=None if current.deadline == built_in else current.deadline,
+        )
 
-    return settings_changed(test, without)
+    return settings_changed(test, changed)

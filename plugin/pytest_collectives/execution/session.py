@@ -360,8 +360,8 @@ class DistributedSession:
         try:
             # (the marker, not its condition: the suites' known bugs are unconditional)
             expected_to_fail = pyfuncitem.get_closest_marker("xfail") and not self.config.option.runxfail
-            phases = examples.phases_changed(fn, bool(expected_to_fail))
-            with self.launcher.hypothesis_settings(fn), phases, examples_sent_to(fn, on_ranks):
+            tuned = examples.settings_for(fn, bool(expected_to_fail))
+            with self.launcher.hypothesis_settings(fn), tuned, examples_sent_to(fn, on_ranks):
                 fn(**funcargs)
         finally:
             _PARAMS.reset(token)

@@ -221,6 +221,8 @@ class BaselineGate:
         return True if self.error else None  # True: the tests do not run
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.config.option.collectonly and not self.error:
+            return  # nothing ran, so nothing is judged (a bad baseline found while collecting still fails)
         results = collect_results(self.config)
         if not self.error and results:
             try:

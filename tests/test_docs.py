@@ -1,0 +1,216 @@
+"""The docs are tests: every fenced block of README.md and docs/*.md runs here, or says in the page why it
+can't (``<!-- not run here: REASON -->`` on the line above the fence, unseen where the page is read).
+
+- A shell block's pytest commands are run as typed, in a copy of the checkout's suites beside an empty
+  baselines/, with ``--collect-only``: every flag, value, path and module they name must be what the
+  plugin takes (a renamed flag fails here). The jobs themselves run to the end in test_jobs.py.
+- A Python block that defines tests runs them; a ``# conftest.py`` block is a conftest under a test; any
+  other Python block runs as a script.
+- A JSON block must parse; one shaped as a known-bugs entry must load as a manifest.
+- A block of output (no language, or ``text``) is what a run printed: it is shown, not run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers import PLUGIN, SUITES
+
+from pytest_collectives.conformance.known_bugs import load
+
+ROOT = Path(__file__).parent.parent
+PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+NOT_RUN = re.compile(r"<!-- not run here: (?P<reason>[^>]*\S) -->")
+FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")
+OUTPUT = ("", "text")
+DIRECTIVE = re.compile(r"\{[\w-]+\}")  # MyST's {toctree}, {eval-rst}, the docs' own directives
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    text: str
+    not_run: str  # the reason the page gives, or ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced blocks of ``page``, each with the reason it isn't run, where the page gives one."""
+    lines = page.read_text().splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        above = NOT_RUN.fullmatch(lines[i - 1].strip()) if i else None
+        reason = above["reason"] if above else ""
+        found.append(Block(page, i + 1, fence["lang"], "\n".join(lines[i + 1 : end]) + "\n", reason))
+        i = end + 1
+    return found
+
+
+ALL = [block for page in PAGES for block in blocks(page)]
+
+
+def of(*langs: str) -> list[pytest.param]:
+    return [
+        pytest.param(b, id=b.where, marks=[pytest.mark.skip(reason=b.not_run)] if b.not_run else [])
+        for b in ALL
+        if b.lang in langs
+    ]
+
+
+def commands(script: str) -> list[list[str]]:
+    """The commands of a shell block: continuation lines joined, comments dropped, ``&&`` split."""
+    joined = re.sub(r"\\\n\s*", " ", script)
+    found = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        while words:
+            cut = words.index("&&") if "&&" in words else len(words)
+            found.append(words[:cut])
+            words = words[cut + 1 :]
+    return found
+
+
+def pytest_args(command: list[str]) -> list[str] | None:
+    """The arguments of a pytest command (``pytest ...``, ``python -m pytest ...``), else None."""
+    if command[:1] == ["pytest"]:
+        return command[1:]
+    if len(command) > 2 and command[0].startswith("python") and command[1:3] == ["-m", "pytest"]:
+        return command[3:]
+    return None
+
+
+def test_every_block_is_run_or_says_why_not() -> None:
+    """A block added to the docs is run by this module (a shell block's commands must be pytest's:
+    collect_commands), or the page says why it can't be."""
+    runnable = {"sh", "python", "json", *OUTPUT}
+    unknown = [b.where for b in ALL if b.lang not in runnable and not DIRECTIVE.fullmatch(b.lang)]
+    assert not unknown, f"blocks in a language this module does not run: {unknown}"
+    assert len(ALL) > 40 and sum(b.lang == "sh" and not b.not_run for b in ALL) > 5  # the pages were read
+
+
+def test_the_set_up_commands_are_what_ci_runs() -> None:
+    """The blocks left to .ci/run: each of their commands is one .ci/run calls, as typed."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    left = [b for b in ALL if b.not_run == ".ci/run runs these two commands"]
+    assert left
+    for command in (" ".join(c) for b in left for c in commands(b.text)):
+        assert re.search(rf"^{re.escape(command)}$", ci, re.MULTILINE), f".ci/run does not run {command!r}"
+
+
+def test_a_block_that_is_not_run_says_why() -> None:
+    for page in PAGES:
+        for line in page.read_text().splitlines():
+            if "<!-- not run here" in line:
+                assert NOT_RUN.fullmatch(line.strip()), f"{page.name}: a marker without a reason: {line!r}"
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The suites as a user's clone has them, beside an empty baselines/ and the README's vendor module."""
+    root = tmp_path_factory.mktemp("checkout")
+    shutil.copytree(SUITES, root / "suites", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "pytest.ini").write_text("[pytest]\nbaseline_dir = baselines\n")
+    (root / "acme_backend.py").write_text(ACME)
+    return root
+
+
+ACME = """
+import torch.distributed as dist
+from pytest_collectives.conformance import capabilities
+from pytest_collectives.conformance.refbackend import ReferenceBackend
+
+class Acme(ReferenceBackend):
+    name = "acme"
+
+capabilities.refuses("acme", like="gloo")
+if "ACME" not in dist.Backend._plugins:
+    dist.Backend.register_backend("acme", Acme, devices=["cpu"])
+"""
+
+
+def run_pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *PLUGIN, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        # pytest's own variables (PYTEST_CURRENT_TEST, an xdist worker's) are this session's, not the user's
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, "PYTHONPATH": str(cwd)},
+    )
+
+
+def collect_commands(block: Block, checkout: Path) -> list[str]:
+    """What is wrong with the block's pytest commands as typed, collected in ``checkout``: one line each."""
+    wrong = []
+    for command in commands(block.text):
+        args = pytest_args(command)
+        if args is None:
+            wrong.append(f"{block.where}: not a pytest command: {' '.join(command)}")
+            continue
+        result = run_pytest(checkout, *args, "--collect-only", "-q")
+        if result.returncode or not re.search(r"\d+ tests? collected", result.stdout):
+            lines = (result.stderr + result.stdout).splitlines()
+            said = [line for line in lines if "error" in line.lower()][-1:] or lines[-1:]
+            wrong.append(f"{block.where}: {' '.join(command)} exited {result.returncode}: {said}")
+    return wrong
+
+
+@pytest.mark.parametrize("block", of("sh"))
+def test_shell_block(block: Block, checkout: Path) -> None:
+    """Each pytest command of the block as typed (options, values, paths, modules), collected."""
+    assert not collect_commands(block, checkout)
+
+
+def test_a_command_with_a_renamed_flag_fails(checkout: Path) -> None:
+    """The check can fail: the README's gate command with a flag misspelt, or a path that is not there."""
+    readme = next(b for b in ALL if "--fail-on-regression" in b.text and b.page.name == "README.md")
+    misspelt = Block(readme.page, readme.line, "sh", "pytest suites/perf --fail-on-regresion\n", "")
+    moved = Block(readme.page, readme.line, "sh", "pytest suite/perf\n", "")
+    for block, why in ((misspelt, "unrecognized arguments: --fail-on-regresion"), (moved, "not found")):
+        (wrong,) = collect_commands(block, checkout)
+        assert "exited 4" in wrong and why in wrong, wrong
+
+
+@pytest.mark.parametrize("block", of("python"))
+def test_python_block(block: Block, tmp_path: Path) -> None:
+    """Tests it defines pass; a conftest is loaded under a test of its own; a script runs."""
+    if block.text.startswith("# conftest.py"):
+        (tmp_path / "conftest.py").write_text(block.text)
+        (tmp_path / "test_it.py").write_text("def test_loaded():\n    pass\n")
+        result = run_pytest(tmp_path, "--world-sizes", "2")
+    elif re.search(r"^def test_", block.text, re.MULTILINE):
+        (tmp_path / "test_block.py").write_text(block.text)
+        result = run_pytest(tmp_path, "--world-sizes", "2")
+    else:
+        result = subprocess.run(
+            [sys.executable, "-c", block.text], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+    assert result.returncode == 0, f"{block.where}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("block", of("json"))
+def test_json_block(block: Block, tmp_path: Path) -> None:
+    entry = json.loads(block.text)
+    if {"backends", "test", "raises", "match"} <= set(entry):
+        path = tmp_path / "bugs.json"
+        path.write_text(json.dumps({"known_bugs": [entry]}))
+        assert load(path)
