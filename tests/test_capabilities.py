@@ -272,8 +272,14 @@ MUTANTS = [
 
 
 def copy_suite(directory: Path) -> None:
-    files = ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py", "test_every_cell.py",
-             "test_layouts.py", "test_mismatches.py")
+    files = (
+        "test_all_reduce.py",
+        "test_operations.py",
+        "test_point_to_point.py",
+        "test_every_cell.py",
+        "test_layouts.py",
+        "test_mismatches.py",
+    )
     copy_conformance(directory, files)
 
 
@@ -448,8 +454,12 @@ def test_a_dtype_mismatch_reduced_silently_is_reported_silent_not_failed(pyteste
         behaviours[backend] = row["behaviour"]
     assert behaviours["mutant_mismatch_reduced_in_float32"] == "silent"
     assert behaviours["refgloo"].startswith("detected: rank "), behaviours
-    result.stdout.fnmatch_lines(["cross-rank mismatches (*), at 3 ranks: 0 of 1 * detected, silent in:",
-                                 "  all_reduce: dtype, returned on every rank"])
+    result.stdout.fnmatch_lines(
+        [
+            "cross-rank mismatches (*), at 3 ranks: 0 of 1 * detected, silent in:",
+            "  all_reduce: dtype, returned on every rank",
+        ]
+    )
 
 
 @python_backends
@@ -487,12 +497,28 @@ def test_the_probe_survives_a_refusal_that_leaves_its_thread_in_a_group_call(
 
 
 @python_backends
+@pytest.mark.parametrize(
+    "backend, groups",
+    [("mutant_refusal_leaves_group_open", 2), ("refgloo_nccl_rules", 1), ("nccl_rules_declared_clean", 1)],
+)
 def test_a_group_a_test_left_in_a_group_call_is_replaced_before_the_next_test(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, backend: str, groups: int
 ) -> None:
     """A test's own refused call (caught: the test passes) leaves the mutant's group taking calls and
-    running none; the rank says it is unfit, and the next test gets a fresh group."""
+    running none: the group, asked (a checked all_reduce), fails to answer, and the next test gets a fresh
+    group. A backend whose raise left it as it was answers, and keeps its group, as does one whose module
+    declares it clean after a raise (backends.clean_after_a_raise), unasked."""
     pytester.makepyfile(
+        declared="""
+        from pytest_collectives.backends import clean_after_a_raise
+        from pytest_collectives.conformance.refbackend import NcclRulesBackend, register
+
+        class Declared(NcclRulesBackend):
+            name = "nccl_rules_declared_clean"
+
+        register(Declared)
+        clean_after_a_raise("nccl_rules_declared_clean")
+        """,
         test_it="""
         import pytest, torch, torch.distributed as dist
 
@@ -506,13 +532,15 @@ def test_a_group_a_test_left_in_a_group_call_is_replaced_before_the_next_test(
             t = torch.ones(1)
             dist.all_reduce(t)
             assert t.item() == 2.0
-        """
+        """,
     )
-    result = pytester.runpytest(
-        "--backend-module", "mutant_backends", "--backend", "mutant_refusal_leaves_group_open",
-        "-p", "no:cacheprovider",
-    )  # fmt: skip
-    result.assert_outcomes(passed=2)
+    pytester.syspathinsert()
+    module = "declared" if backend == "nccl_rules_declared_clean" else "mutant_backends"
+    result = pytester.runpytest("--backend-module", module, "--backend", backend, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, warnings=groups - 1)
+    result.stdout.fnmatch_lines([f"collectives: {groups} worker group(s) started*"])
+    if groups > 1:
+        result.stdout.fnmatch_lines(["*raised on *; and the group then failed a probe all_reduce (rank ?: *"])
 
 
 @python_backends

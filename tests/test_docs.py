@@ -14,57 +14,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from docblocks import ALL, DIRECTIVE, NOT_RUN, OUTPUT, PAGES, ROOT, Block, commands, pytest_args
 from helpers import PLUGIN, SUITES
 
 from pytest_collectives.conformance.known_bugs import load
-
-ROOT = Path(__file__).parent.parent
-PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
-NOT_RUN = re.compile(r"<!-- not run here: (?P<reason>[^>]*\S) -->")
-FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")
-OUTPUT = ("", "text")
-DIRECTIVE = re.compile(r"\{[\w-]+\}")  # MyST's {toctree}, {eval-rst}, the docs' own directives
-
-
-@dataclass(frozen=True)
-class Block:
-    page: Path
-    line: int  # of the opening fence, 1-based
-    lang: str
-    text: str
-    not_run: str  # the reason the page gives, or ""
-
-    @property
-    def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
-
-
-def blocks(page: Path) -> list[Block]:
-    """The fenced blocks of ``page``, each with the reason it isn't run, where the page gives one."""
-    lines = page.read_text().splitlines()
-    found, i = [], 0
-    while i < len(lines):
-        fence = FENCE.match(lines[i])
-        if not fence:
-            i += 1
-            continue
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-        above = NOT_RUN.fullmatch(lines[i - 1].strip()) if i else None
-        reason = above["reason"] if above else ""
-        found.append(Block(page, i + 1, fence["lang"], "\n".join(lines[i + 1 : end]) + "\n", reason))
-        i = end + 1
-    return found
-
-
-ALL = [block for page in PAGES for block in blocks(page)]
 
 
 def of(*langs: str) -> list[pytest.param]:
@@ -73,28 +32,6 @@ def of(*langs: str) -> list[pytest.param]:
         for b in ALL
         if b.lang in langs
     ]
-
-
-def commands(script: str) -> list[list[str]]:
-    """The commands of a shell block: continuation lines joined, comments dropped, ``&&`` split."""
-    joined = re.sub(r"\\\n\s*", " ", script)
-    found = []
-    for line in joined.splitlines():
-        words = shlex.split(line, comments=True)
-        while words:
-            cut = words.index("&&") if "&&" in words else len(words)
-            found.append(words[:cut])
-            words = words[cut + 1 :]
-    return found
-
-
-def pytest_args(command: list[str]) -> list[str] | None:
-    """The arguments of a pytest command (``pytest ...``, ``python -m pytest ...``), else None."""
-    if command[:1] == ["pytest"]:
-        return command[1:]
-    if len(command) > 2 and command[0].startswith("python") and command[1:3] == ["-m", "pytest"]:
-        return command[3:]
-    return None
 
 
 def test_every_block_is_run_or_says_why_not() -> None:

@@ -6,12 +6,34 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from docblocks import block_of, commands, pytest_args, unshown
 from helpers import SUITES
 
 # The registered algorithms' benchmarks probe their group's capabilities, as a conformance test does: the
 # perf run that once failed on a healthy machine ("conformance checked nothing"): two algorithms at 4 and
 # 64 KiB (the sweep's option --max-bytes shortens it).
-PERF = ("suites/perf/test_collectives.py", "-k", "registered and (ring_all_gather or tree_reduce)")
+PERF = (
+    "suites/perf/test_collectives.py",
+    "-k",
+    "registered and (ring_all_gather or tree_reduce) or test_broadcast",
+)
+
+# A machine gone slow, planted through the README's own option: the module is imported on every rank.
+SLOWDOWN = """
+import time
+
+import torch.distributed as dist
+
+_broadcast = dist.broadcast
+
+
+def broadcast(*args, **kwargs):
+    time.sleep(0.005)
+    return _broadcast(*args, **kwargs)
+
+
+dist.broadcast = broadcast
+"""
 CONFORMANCE = ("suites/conformance/test_point_to_point.py", "-k", "ring_exchange")
 
 
@@ -27,19 +49,32 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 def test_the_ci_gate_commands_pass_a_healthy_perf_run(checkout: pytest.Pytester) -> None:
-    """``--baseline-save`` three times, then ``--fail-on-regression``: exit 0 each, and no conformance verdict
-    (no matrix, no "checked nothing") in a run that selected no conformance test."""
+    """The README's commands: ``--baseline-save`` three times, then ``--fail-on-regression``: exit 0 each,
+    and no conformance verdict (no matrix, no "checked nothing") in a run that selected no conformance
+    test. A slowdown planted on the ranks fails the gate, which names it in the README's words."""
+    save, gate = (pytest_args(c) for c in commands(block_of("README.md", "--baseline-save").text))
+    selection = ("-k", PERF[2])
     for _ in range(3):
-        saved = run(checkout, *PERF, "--baseline-save")
+        saved = run(checkout, *save, *selection)
         assert saved.ret == 0, saved.stdout.str()[-3000:]
-        saved.stdout.fnmatch_lines(["*saved 4 benchmark(s) as a run of the baseline of cpu-*"])
-    gated = run(checkout, *PERF, "--fail-on-regression")
-    gated.assert_outcomes(passed=4)
+        saved.stdout.fnmatch_lines(["*saved 6 benchmark(s) as a run of the baseline of cpu-*"])
+    gated = run(checkout, *gate, *selection)
+    gated.assert_outcomes(passed=6)
     assert gated.ret == 0, gated.stdout.str()[-3000:]
     gated.stdout.fnmatch_lines(["compared with *baseline.json: 3 run(s)*"])
     for result in (saved, gated):
         result.stdout.no_fnmatch_line("*capability matrix*")
         result.stdout.no_fnmatch_line("*conformance checked nothing*")
+    checkout.makepyfile(slowdown=SLOWDOWN)
+    checkout.syspathinsert()
+    slowed = run(checkout, *gate, *selection, "--backend-module", "slowdown")
+    assert slowed.ret == 1, slowed.stdout.str()[-3000:]
+    slowed.stdout.fnmatch_lines(
+        ["REGRESSION suites/perf/test_collectives.py::test_broadcast[[]ws2-4KiB[]]: *", "FAILED: *"]
+    )
+    slowed.stdout.no_fnmatch_line("REGRESSION *registered*")
+    shown = block_of("README.md", "REGRESSION ").text
+    assert not unshown(shown, slowed.stdout.str()), "the README shows lines the gate does not print"
 
 
 def test_a_conformance_run_has_its_matrix_and_a_run_of_both_both_verdicts(checkout: pytest.Pytester) -> None:
@@ -49,4 +84,4 @@ def test_a_conformance_run_has_its_matrix_and_a_run_of_both_both_verdicts(checko
     alone.stdout.no_fnmatch_line("*compared with*")
     both = run(checkout, CONFORMANCE[0], PERF[0], "-k", f"ring_exchange or ({PERF[2]})", "--baseline-save")
     assert both.ret == 0, both.stdout.str()[-3000:]
-    both.stdout.fnmatch_lines(["*saved 4 benchmark(s) as a run of the baseline*", "*capability matrix*"])
+    both.stdout.fnmatch_lines(["*saved 6 benchmark(s) as a run of the baseline*", "*capability matrix*"])

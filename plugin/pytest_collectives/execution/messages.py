@@ -67,6 +67,7 @@ class RankResult:
     longrepr: str = ""  # the formatted traceback, or the skip reason
     duration_s: float = 0.0
     dirty: list[str] = dataclasses.field(default_factory=list)  # why this rank's group can't be reused
+    suspect: list[str] = dataclasses.field(default_factory=list)  # why it may not be: the group is asked
     rss_bytes: int = 0
     benchmark: dict[str, Any] | None = None  # per-round maxima across ranks, when the test benchmarked
     returned: Any = None  # what the function returned: tests return None, a probe (session.run_on_ranks) data

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pytest_collectives.algorithms import registry
 from pytest_collectives.execution.forkserver import forkserver_context
-from pytest_collectives.execution.messages import FAILED, GroupSpec, RankResult, Task
+from pytest_collectives.execution.messages import FAILED, PASSED, GroupSpec, RankResult, Task
 from pytest_collectives.execution.outcome import (
     CRASHED,
     HUNG,
@@ -35,8 +35,9 @@ from pytest_collectives.execution.outcome import (
     hang_culprit,
     likely_cause,
 )
-from pytest_collectives.execution.rank import STACK_SIGNAL, rank_files, tasks_taken, worker_main
+from pytest_collectives.execution.rank import STACK_SIGNAL, probe_group, rank_files, tasks_taken, worker_main
 
+PROBE_TIMEOUT_S = 5.0  # how long a group gets to answer whether a raise left it unfit (GroupPool._asked)
 FAILURE_GRACE_S = 2.0  # how long the other ranks get to finish after one fails before they count as hung
 STACK_WAIT_S = 2.0
 CRASH_TAIL_LINES = 30
@@ -399,11 +400,36 @@ class GroupPool:
             for r in lost
         )
         if len(results) == world_size:
-            reasons = group.fit_for_reuse(results)
+            reasons = group.fit_for_reuse(results) or self._asked(group, results)
             if reasons:
                 outcome.replaced.extend(reasons)
                 group.kill()
         return outcome
+
+    def _asked(self, group: WorkerGroup, results: list[RankResult]) -> list[str]:
+        """After calls raised on a backend that may keep state after a raise (backends.py), the group is
+        asked rather than replaced: one checked all_reduce with a deadline (rank.probe_group). Reasons to
+        replace it where the answer is wrong or late; a failing vendor run then costs about what a passing
+        one does, where a fresh group after each raise made it 11x slower."""
+        suspect = sorted({f"rank {r.rank}: {why}" for r in results for why in r.suspect})
+        if not suspect:
+            return []
+        probe = Task(
+            nodeid="the group's health after a raise",
+            module=probe_group.__module__,
+            path=probe_group.__code__.co_filename,
+            qualname=probe_group.__qualname__,
+            kwargs={"pg": None},
+            seed=0,
+            sys_path=list(sys.path),
+            world_size=group.spec.world_size,
+        )
+        outcome, answers = group.run(probe, PROBE_TIMEOUT_S)
+        if outcome.verdict() == PASSED and len(answers) == group.spec.world_size:
+            return group.fit_for_reuse(answers)
+        failed = next((r for r in outcome.ranks if r.status != PASSED), None)
+        said = failed.detail.strip().splitlines()[-1] if failed and failed.detail.strip() else "no answer"
+        return [*suspect, f"and the group then failed a probe all_reduce (rank {failed.rank}: {said})"]
 
     def discard(self, world_size: int) -> None:
         for key in [k for k in self.groups if k[0] == world_size]:

@@ -46,7 +46,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from pytest_collectives import devices
 from pytest_collectives.algorithms import registry
-from pytest_collectives.backends import keeps_state_after_a_raise
+from pytest_collectives.backends import keeps_state_after_a_raise, left_inside_a_group_call
 from pytest_collectives.bench.timing import BenchSpec, RankBenchmark
 from pytest_collectives.execution import shared_inputs
 from pytest_collectives.execution.examples import Tally, tallied
@@ -267,12 +267,20 @@ def _track_async_ops() -> None:
 
 
 def unfit_after_raising(backend: str, raised: list[str]) -> list[str]:
-    """Why a rank whose calls raised can't be trusted with the next test (backends.py: NCCL can be left
+    """Why a rank whose calls raised may not be trusted with the next test (backends.py: NCCL can be left
     inside a group call, every later call taken and none run, and the next new_group hangs)."""
     if not raised or not keeps_state_after_a_raise(backend):
         return []
     calls = ", ".join(sorted(set(raised)))
     return [f"{calls} raised on {backend}, which can leave a backend inside a group call"]
+
+
+def probe_group(pg: Any) -> None:
+    """The group's own answer to whether a raise left it unfit (pool.GroupPool.run): one all_reduce on the
+    thread the tests run on, checked. A group left inside a group call takes it and moves nothing."""
+    t = torch.ones(1, device=pg.device)
+    dist.all_reduce(t)
+    assert t.item() == pg.world_size, f"the all_reduce of ones over {pg.world_size} ranks gave {t.item()}"
 
 
 def _pending_ops() -> int:
@@ -369,7 +377,8 @@ def health(world_size: int, device: torch.device) -> list[str]:
     pending = _pending_ops()
     if pending:
         reasons.append(f"the test left {pending} async op(s) unfinished")
-    reasons += unfit_after_raising(dist.get_backend(), _raised_calls)
+    if left_inside_a_group_call(dist.get_backend()):
+        reasons += unfit_after_raising(dist.get_backend(), _raised_calls)
     if default_device() != torch.device("cpu"):
         reasons.append(f"the test changed the default device to {default_device()}")
     if torch.get_default_dtype() != torch.float32:
@@ -422,6 +431,8 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     duration = time.perf_counter() - start
     devices.empty_cache(ctx.device)
     dirty = health(ctx.world_size, ctx.device)
+    backend = dist.get_backend() if dist.is_initialized() else ""
+    suspect = [] if left_inside_a_group_call(backend) else unfit_after_raising(backend, _raised_calls)
     benchmark = bench and bench.result()
     return RankResult(
         ctx.rank,
@@ -429,6 +440,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         longrepr,
         duration,
         dirty,
+        suspect,
         benchmark=benchmark,
         returned=returned,
         noted=noted,

@@ -1,0 +1,101 @@
+"""The fenced blocks of README.md and docs/*.md, as tests read them (test_docs.py runs them, test_jobs.py
+runs the jobs' commands as the README types them and holds their shown output to what a run prints)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+NOT_RUN = re.compile(r"<!-- not run here: (?P<reason>[^>]*\S) -->")
+FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")
+OUTPUT = ("", "text")
+DIRECTIVE = re.compile(r"\{[\w-]+\}")  # MyST's {toctree}, {eval-rst}, the docs' own directives
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    text: str
+    not_run: str  # the reason the page gives, or ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced blocks of ``page``, each with the reason it isn't run, where the page gives one."""
+    lines = page.read_text().splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        above = NOT_RUN.fullmatch(lines[i - 1].strip()) if i else None
+        reason = above["reason"] if above else ""
+        found.append(Block(page, i + 1, fence["lang"], "\n".join(lines[i + 1 : end]) + "\n", reason))
+        i = end + 1
+    return found
+
+
+ALL = [block for page in PAGES for block in blocks(page)]
+
+
+def commands(script: str) -> list[list[str]]:
+    """The commands of a shell block: continuation lines joined, comments dropped, ``&&`` split."""
+    joined = re.sub(r"\\\n\s*", " ", script)
+    found = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        while words:
+            cut = words.index("&&") if "&&" in words else len(words)
+            found.append(words[:cut])
+            words = words[cut + 1 :]
+    return found
+
+
+def pytest_args(command: list[str]) -> list[str] | None:
+    """The arguments of a pytest command (``pytest ...``, ``python -m pytest ...``), else None."""
+    if command[:1] == ["pytest"]:
+        return command[1:]
+    if len(command) > 2 and command[0].startswith("python") and command[1:3] == ["-m", "pytest"]:
+        return command[3:]
+    return None
+
+
+def block_of(page: str, holding: str) -> Block:
+    """The one block of ``page`` (relative to the checkout) whose text holds ``holding``."""
+    (found,) = [b for b in blocks(ROOT / page) if holding in b.text]
+    return found
+
+
+# In a shown output, what differs from run to run: a parenthesised aside, a word with a digit (a figure,
+# a date, a hash), and which way the machine drifted.
+_VARYING = re.compile(r"\((?:[^()]|\([^()]*\))*\)|\S*\d\S*|slower|faster")
+
+
+def shape(line: str) -> re.Pattern[str]:
+    """A shown output line as a pattern the real line must match: its words as shown, what varies
+    (_VARYING) free."""
+    pattern, at = "", 0
+    for m in _VARYING.finditer(line):
+        free = r"\(.*\)" if m[0].startswith("(") else "(?:slower|faster)" if m[0].isalpha() else r"\S+"
+        pattern += re.escape(line[at : m.start()]) + free
+        at = m.end()
+    return re.compile(pattern + re.escape(line[at:]))
+
+
+def unshown(shown: str, printed: str) -> list[str]:
+    """The lines of a shown output that no line a run printed has the shape of."""
+    lines = [line.strip() for line in printed.splitlines()]
+    return [
+        s for s in shown.splitlines() if s.strip() and not any(shape(s.strip()).fullmatch(x) for x in lines)
+    ]
