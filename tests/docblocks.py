@@ -1,16 +1,22 @@
-"""The fenced blocks of README.md and docs/*.md, as tests read them (test_docs.py runs them, test_jobs.py
-runs the jobs' commands as the README types them and holds their shown output to what a run prints)."""
+"""The fenced blocks of README.md and docs/*.md, as tests read them: test_docs.py runs them, test_jobs.py
+runs the jobs' commands as the README types them and holds their shown output to what a run prints.
+
+A comment on the line above a block's fence says what the reader can't see: ``<!-- not run here: WHY -->``,
+or above a block of output, ``<!-- printed by: COMMAND -->``. The blocks printed by ``pytest suites`` are
+held to what .ci/run's run of the suites printed: ``python3 tests/docblocks.py LOG``."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
-NOT_RUN = re.compile(r"<!-- not run here: (?P<reason>[^>]*\S) -->")
+MARK = re.compile(r"<!-- (?P<kind>not run here|printed by): (?P<what>[^>]*\S) -->")
+SUITES_RUN = "pytest suites"  # what .ci/run runs (tox -e suites), whose output it keeps
 FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")
 OUTPUT = ("", "text")
 DIRECTIVE = re.compile(r"\{[\w-]+\}")  # MyST's {toctree}, {eval-rst}, the docs' own directives
@@ -23,6 +29,7 @@ class Block:
     lang: str
     text: str
     not_run: str  # the reason the page gives, or ""
+    printed_by: str  # of a block of output, the command the page says printed it, or ""
 
     @property
     def where(self) -> str:
@@ -39,9 +46,12 @@ def blocks(page: Path) -> list[Block]:
             i += 1
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-        above = NOT_RUN.fullmatch(lines[i - 1].strip()) if i else None
-        reason = above["reason"] if above else ""
-        found.append(Block(page, i + 1, fence["lang"], "\n".join(lines[i + 1 : end]) + "\n", reason))
+        mark = MARK.fullmatch(lines[i - 1].strip()) if i else None
+        said = {mark["kind"]: mark["what"]} if mark else {}
+        text = "\n".join(lines[i + 1 : end]) + "\n"
+        found.append(
+            Block(page, i + 1, fence["lang"], text, said.get("not run here", ""), said.get("printed by", ""))
+        )
         i = end + 1
     return found
 
@@ -88,9 +98,15 @@ def shape(line: str) -> re.Pattern[str]:
     pattern, at = "", 0
     for m in _VARYING.finditer(line):
         free = r"\(.*\)" if m[0].startswith("(") else "(?:slower|faster)" if m[0].isalpha() else r"\S+"
-        pattern += re.escape(line[at : m.start()]) + free
+        pattern += _words(line[at : m.start()]) + free
         at = m.end()
-    return re.compile(pattern + re.escape(line[at:]))
+    return re.compile(pattern + _words(line[at:]))
+
+
+def _words(text: str) -> str:
+    """``text`` as a pattern, any run of spaces for its spaces (a table's columns are as wide as its
+    widest name, which differs between runs)."""
+    return r"\s+".join(re.escape(part) for part in re.split(r"\s+", text))
 
 
 def unshown(shown: str, printed: str) -> list[str]:
@@ -99,3 +115,18 @@ def unshown(shown: str, printed: str) -> list[str]:
     return [
         s for s in shown.splitlines() if s.strip() and not any(shape(s.strip()).fullmatch(x) for x in lines)
     ]
+
+
+def main(log: str) -> int:
+    """Hold every block printed by the suites' run to ``log``, what that run printed."""
+    printed = Path(log).read_text()
+    wrong = [
+        f"{b.where}: {line}" for b in ALL if b.printed_by == SUITES_RUN for line in unshown(b.text, printed)
+    ]
+    for line in wrong:
+        print(f"shown in the docs, not printed by {SUITES_RUN} ({log}): {line}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from docblocks import block_of, unshown
 from helpers import copy_conformance, torch_below
 
 from pytest_collectives.algorithms.reference import defined
@@ -412,6 +413,7 @@ def test_a_backend_failing_in_another_backends_refusal_words_is_told_how_to_decl
         "no:cacheprovider", "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring",
     )  # fmt: skip
     result.assert_outcomes(failed=1)
+    assert not unshown(block_of("docs/extending.md", "refusal words").text, result.stdout.str())
     result.stdout.fnmatch_lines(
         [
             "1 failure(s) raised gloo's refusal words (*), and acme declares no refusal words of its own, so "

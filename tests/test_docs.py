@@ -7,10 +7,12 @@ can't (``<!-- not run here: REASON -->`` on the line above the fence, unseen whe
 - A Python block that defines tests runs them; a ``# conftest.py`` block is a conftest under a test; any
   other Python block runs as a script.
 - A JSON block must parse; one shaped as a known-bugs entry must load as a manifest.
-- A block of output (no language, or ``text``) is what a run printed: it is shown, not run."""
+- A block of output (no language, or ``text``) says what printed it (test_jobs.py, or .ci/run's run of the
+  suites, holds it to that run's output: docblocks.py), or why it is not run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from docblocks import ALL, DIRECTIVE, NOT_RUN, OUTPUT, PAGES, ROOT, Block, commands, pytest_args
+from docblocks import ALL, DIRECTIVE, MARK, OUTPUT, PAGES, ROOT, SUITES_RUN, Block, commands, pytest_args
 from helpers import PLUGIN, SUITES
 
 from pytest_collectives.conformance.known_bugs import load
@@ -40,6 +42,8 @@ def test_every_block_is_run_or_says_why_not() -> None:
     runnable = {"sh", "python", "json", *OUTPUT}
     unknown = [b.where for b in ALL if b.lang not in runnable and not DIRECTIVE.fullmatch(b.lang)]
     assert not unknown, f"blocks in a language this module does not run: {unknown}"
+    unsaid = [b.where for b in ALL if b.lang in OUTPUT and not (b.printed_by or b.not_run)]
+    assert not unsaid, f"blocks of output that say neither what printed them nor why not run: {unsaid}"
     assert len(ALL) > 40 and sum(b.lang == "sh" and not b.not_run for b in ALL) > 5  # the pages were read
 
 
@@ -49,14 +53,26 @@ def test_the_set_up_commands_are_what_ci_runs() -> None:
     left = [b for b in ALL if b.not_run == ".ci/run runs these two commands"]
     assert left
     for command in (" ".join(c) for b in left for c in commands(b.text)):
-        assert re.search(rf"^{re.escape(command)}$", ci, re.MULTILINE), f".ci/run does not run {command!r}"
+        ran = re.search(rf"^{re.escape(command)}( |$)", ci, re.MULTILINE)
+        assert ran, f".ci/run does not run {command!r}"
+
+
+def test_a_block_of_output_is_held_to_what_printed_it() -> None:
+    """Printed by the suites' run: .ci/run holds it to that run's output (docblocks.main); by a test of the
+    plugin: that test holds it to what its run printed."""
+    for b in ALL:
+        if b.printed_by and b.printed_by != SUITES_RUN:
+            test = ROOT / b.printed_by.split()[0]
+            assert test.is_file() and "unshown(" in test.read_text(), f"{b.where}: {b.printed_by}"
+    assert any(b.printed_by == SUITES_RUN for b in ALL)
+    assert re.search(r"^python3 tests/docblocks\.py \S+$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
 
 
 def test_a_block_that_is_not_run_says_why() -> None:
     for page in PAGES:
         for line in page.read_text().splitlines():
-            if "<!-- not run here" in line:
-                assert NOT_RUN.fullmatch(line.strip()), f"{page.name}: a marker without a reason: {line!r}"
+            if re.match(r"\s*<!-- (not run here|printed by)", line):
+                assert MARK.fullmatch(line.strip()), f"{page.name}: a mark without its reason: {line!r}"
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +111,12 @@ def run_pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@functools.cache
+def collected(checkout: Path, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """A command's collection, once: the README and the pages repeat some commands."""
+    return run_pytest(checkout, *args, "--collect-only", "-q")
+
+
 def collect_commands(block: Block, checkout: Path) -> list[str]:
     """What is wrong with the block's pytest commands as typed, collected in ``checkout``: one line each."""
     wrong = []
@@ -103,7 +125,7 @@ def collect_commands(block: Block, checkout: Path) -> list[str]:
         if args is None:
             wrong.append(f"{block.where}: not a pytest command: {' '.join(command)}")
             continue
-        result = run_pytest(checkout, *args, "--collect-only", "-q")
+        result = collected(checkout, tuple(args))
         if result.returncode or not re.search(r"\d+ tests? collected", result.stdout):
             lines = (result.stderr + result.stdout).splitlines()
             said = [line for line in lines if "error" in line.lower()][-1:] or lines[-1:]
@@ -111,22 +133,26 @@ def collect_commands(block: Block, checkout: Path) -> list[str]:
     return wrong
 
 
+# The blocks' runs are the docs', not a torch version's: the floor's run (-m "not slow") leaves them out.
+@pytest.mark.slow
 @pytest.mark.parametrize("block", of("sh"))
 def test_shell_block(block: Block, checkout: Path) -> None:
     """Each pytest command of the block as typed (options, values, paths, modules), collected."""
     assert not collect_commands(block, checkout)
 
 
+@pytest.mark.slow
 def test_a_command_with_a_renamed_flag_fails(checkout: Path) -> None:
     """The check can fail: the README's gate command with a flag misspelt, or a path that is not there."""
     readme = next(b for b in ALL if "--fail-on-regression" in b.text and b.page.name == "README.md")
-    misspelt = Block(readme.page, readme.line, "sh", "pytest suites/perf --fail-on-regresion\n", "")
-    moved = Block(readme.page, readme.line, "sh", "pytest suite/perf\n", "")
+    misspelt = Block(readme.page, readme.line, "sh", "pytest suites/perf --fail-on-regresion\n", "", "")
+    moved = Block(readme.page, readme.line, "sh", "pytest suite/perf\n", "", "")
     for block, why in ((misspelt, "unrecognized arguments: --fail-on-regresion"), (moved, "not found")):
         (wrong,) = collect_commands(block, checkout)
         assert "exited 4" in wrong and why in wrong, wrong
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", of("python"))
 def test_python_block(block: Block, tmp_path: Path) -> None:
     """Tests it defines pass; a conftest is loaded under a test of its own; a script runs."""
@@ -151,3 +177,10 @@ def test_json_block(block: Block, tmp_path: Path) -> None:
         path = tmp_path / "bugs.json"
         path.write_text(json.dumps({"known_bugs": [entry]}))
         assert load(path)
+
+
+def test_every_file_of_the_tests_is_in_their_readme() -> None:
+    """tests/README.md maps each file here to the part it proves: a new file is added to it."""
+    readme = (ROOT / "tests" / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "tests").glob("*.py")) if f"`{p.name}`" not in readme]
+    assert not missing, f"tests/README.md does not say what these are for: {missing}"

@@ -49,7 +49,6 @@ __all__ = [
 
 ENTRY_POINTS = "pytest_collectives.algorithms"
 
-
 @dataclasses.dataclass(frozen=True)
 class Contract:
     """How the suites call an implementation of one operation, and what it must do."""

@@ -188,7 +188,9 @@ class CapabilityMatrix:
         """Whether conformance tests were selected and none ran: every one N/A or skipped, so no cell was
         tried. Such a run proves nothing and must not pass."""
         return (
-            self.reports() and not self.ran and not any(t.passed or t.failed for t in self.tallies.values())
+            self.reports()
+            and not self.ran
+            and not any(t.passed or t.failed for t in self.tallies.values())
         )
 
     @pytest.hookimpl(trylast=True)
@@ -384,10 +386,8 @@ def mismatch_lines(rows: list[dict[str, Any]]) -> list[str]:
     by_operation: dict[str, list[str]] = {}
     for r in silent:
         by_operation.setdefault(r["operation"], []).append(r["kind"])
-    lines += [
-        f"  {operation}: {' and '.join(kinds)}, returned on every rank"
-        for operation, kinds in by_operation.items()
-    ]
+    lines += [f"  {operation}: {' and '.join(kinds)}, returned on every rank"
+              for operation, kinds in by_operation.items()]
     return lines
 
 
