@@ -30,6 +30,25 @@ def premul(dtype: torch.dtype, factor: float, tensor_factor: bool) -> list:
     return x.cpu().tolist()
 
 
+def premul_reduce_scatter(dtype: torch.dtype, factor: float) -> str:
+    """reduce_scatter with PREMUL_SUM at one rank: the factor must scale the one part (suites: left out)."""
+    x = torch.tensor([1.0, 2.0, 3.0], device="cuda").to(dtype)
+    output = torch.zeros_like(x)
+    dist.reduce_scatter(output, [x], op=dist._make_nccl_premul_sum(factor))
+    expected = (x.double() * factor).to(dtype)
+    return f"{output.cpu().tolist()} (expected {expected.cpu().tolist()})"
+
+
+def premul_tail(count: int, dtype: torch.dtype, factor: float) -> str:
+    """all_reduce with PREMUL_SUM of ``count`` elements at one rank: which elements missed the factor
+    (suites: the last of a 65537-element float64 all_reduce)."""
+    x = torch.arange(1, count + 1, device="cuda").to(dtype)
+    expected = x * factor
+    dist.all_reduce(x, op=dist._make_nccl_premul_sum(factor))
+    wrong = (x != expected).nonzero().flatten().cpu().tolist()
+    return f"{len(wrong)} of {count} elements wrong" + (f", at {wrong[:4]}" if wrong else "")
+
+
 def all_to_all(splits: bool, synchronize: bool) -> list:
     source, output = torch.arange(1.0, 5.0, device="cuda"), torch.zeros(4, device="cuda")
     if splits:
@@ -67,7 +86,10 @@ def moved_in_layouts(call: str, output_layout: str, input_layout: str) -> str:
     expected = torch.arange(60.0, device="cuda").reshape(2, 3, 2, 5)
     output = _laid(torch.full_like(expected, float("nan")), output_layout)
     source = _laid(expected, input_layout)
-    getattr(dist, call)(output, [source] if call == "reduce_scatter" else source)
+    if call == "all_to_all":
+        dist.all_to_all([output], [source])
+    else:
+        getattr(dist, call)(output, [source] if call == "reduce_scatter" else source)
     torch.cuda.synchronize()
     if torch.equal(output, expected):
         return "written as laid out"
@@ -166,10 +188,15 @@ def main() -> None:
             for tensor_factor in (False, True):
                 kind = "tensor" if tensor_factor else "scalar"
                 show(f"premul_sum {dtype} [1,2,3] by {kind} {factor}", premul, dtype, factor, tensor_factor)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        show(f"premul_sum reduce_scatter {dtype} [1,2,3] by scalar 2.0", premul_reduce_scatter, dtype, 2.0)
+    for count in (65536, 65537, 1 << 20):
+        show(f"premul_sum all_reduce of {count} float64 by 2.0", premul_tail, count, torch.float64, 2.0)
     work = dist.all_reduce(torch.ones(2, device="cuda"), async_op=True)
     work.wait()
     show("Work.exception() after wait", work.exception)
-    for call in ("reduce_scatter", "reduce_scatter_tensor", "all_gather_into_tensor"):
+    layout_calls = ("reduce_scatter", "reduce_scatter_tensor", "all_gather_into_tensor")
+    for call in (*layout_calls, "all_to_all_single", "all_to_all"):
         # not a strided view: NCCL refuses it, and a refusal can leave it inside a group call
         for output_layout in ("contiguous", "channels_last"):
             for input_layout in ("contiguous", "channels_last"):
