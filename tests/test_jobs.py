@@ -72,7 +72,6 @@ def test_the_ci_gate_commands_pass_a_healthy_perf_run(checkout: pytest.Pytester)
     slowed.stdout.fnmatch_lines(
         ["REGRESSION suites/perf/test_collectives.py::test_broadcast[[]ws2-4KiB[]]: *", "FAILED: *"]
     )
-    slowed.stdout.no_fnmatch_line("REGRESSION *registered*")
     shown = block_of("README.md", "REGRESSION ").text
     assert not unshown(shown, slowed.stdout.str()), "the README shows lines the gate does not print"
 

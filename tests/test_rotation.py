@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import sys
 from collections.abc import Iterator
 
 import pytest
-from helpers import SUITES
+from helpers import SUITES, copy_conformance
 
 from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS, Capabilities, dtype_name
 from pytest_collectives.conformance.cases import TIERS, _every_cell, supported_cells
+from pytest_collectives.conformance.matrix import short_dtype
 from pytest_collectives.execution import session
 
 SIZES = (2, 3, 4)
@@ -43,8 +45,8 @@ def running(seed: int, world_size: int, cells: dict = CELLS, **params: object) -
         caps.use(None)
 
 
-def tier(seed: int, world_size: int, size: int) -> set[tuple[str, str, str, int]]:
-    with running(seed, world_size):
+def tier(seed: int, world_size: int, size: int, cells: dict = CELLS) -> set[tuple[str, str, str, int]]:
+    with running(seed, world_size, cells):
         cases = _every_cell("all_reduce", rotation.turn())
     return {(*case.cells()[0], case.values.scale) for case in cases if case.size == size}
 
@@ -89,4 +91,34 @@ def test_the_run_turns_at_its_hypothesis_seed(pytester: pytest.Pytester) -> None
     assert rotation.taken(config) is None and rotation.of_run(config) == 7 == rotation.taken(config)
     assert rotation.of_run(pytester.parseconfig("--hypothesis-seed=abc")) == rotation.of_run(
         pytester.parseconfig("--hypothesis-seed=abc")
+    )
+
+
+def test_the_matrix_says_which_cells_passed_at_which_tier(pytester: pytest.Pytester) -> None:
+    """A PASS of a cell the large tiers did not reach this run is a PASS at 97 elements: the JSON holds each
+    cell's largest passing example, and the summary names the 1 Mi cell the seed turned to."""
+    copy_conformance(pytester.path, ("test_every_cell.py",))
+    result = pytester.runpytest(
+        "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring", "--world-sizes", "2",
+        "--hypothesis-seed=5", "--capability-json", "m.json", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    doc = json.loads((pytester.path / "m.json").read_text())
+    rows = [r for r in doc["cells"] if r["status"] == "PASS"]
+    at_1mi = [(r["operation"], r["dtype"], r["reduce_op"]) for r in rows if r.get("largest", 0) >= TIERS[1]]
+    probed = {
+        (r["operation"], r["dtype"], r["reduce_op"]): "refused" if r["status"] == "N/A" else ""
+        for r in doc["cells"]
+        if r["operation"] == "all_reduce"
+    }
+    assert at_1mi == [cell[:3] for cell in tier(5, 2, TIERS[1], probed)]  # the cell the seed turns to
+    at_64ki = [r for r in rows if TIERS[0] <= r.get("largest", 0) < TIERS[1]]
+    assert len(at_64ki) >= 10  # one reduce op of each dtype all_reduce takes
+    operation, dtype, op = at_1mi[0]
+    result.stdout.fnmatch_lines(
+        [
+            f"of the {len(rows)} cells that passed, at 1 Mi elements: {operation} {short_dtype(dtype)} {op}; "
+            f"at 64 Ki: {len(at_64ki)} more; the other {len(rows) - 1 - len(at_64ki)} at up to 97 "
+            "elements only"
+        ]
     )

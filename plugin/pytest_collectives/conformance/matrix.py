@@ -50,6 +50,7 @@ class _Tally:
     known: int = 0  # failed examples of a test a known-bug manifest expects to fail
     first_failure: str = ""  # the test (and world size) of the first failing example
     known_bug: str = ""  # the manifest's reason for the first known one
+    largest: int = 0  # the most elements an example that passed had (the sweeps' large tiers rotate)
 
 
 class CapabilityMatrix:
@@ -89,6 +90,7 @@ class CapabilityMatrix:
                 tally = self.tallies.setdefault(cell, _Tally())
                 if verdict == "passed":
                     tally.passed += 1
+                    tally.largest = max(tally.largest, getattr(value, "size", 0))
                 elif bugs:  # the test fails the run if this is not the bug (known_bugs)
                     tally.known += 1
                     tally.known_bug = tally.known_bug or bugs[0].reason
@@ -128,6 +130,8 @@ class CapabilityMatrix:
                 row["known_bug"] = known_bug
             if tally.first_failure:
                 row["first_failure"] = tally.first_failure
+            if tally.largest:
+                row["largest"] = tally.largest
             rows.append(row)
         return rows
 
@@ -238,6 +242,7 @@ class CapabilityMatrix:
             tally.passed += counts["passed"]
             tally.failed += counts["failed"]
             tally.known += counts["known"]
+            tally.largest = max(tally.largest, counts["largest"])
             tally.first_failure = tally.first_failure or counts["first_failure"]
             tally.known_bug = tally.known_bug or counts["known_bug"]
         self.selected = max(self.selected, exported["selected"])  # each worker collects the whole run
@@ -266,6 +271,7 @@ class CapabilityMatrix:
                 f"the sweeps' rotating tiers (1 Mi, 64 Ki, the layouts' dtypes) turned at {turn}, each world "
                 f"size a turn further; --hypothesis-seed={turn} turns them there again"
             )
+            terminalreporter.write_line(tiers_line(doc["cells"]))
         for stack, verdict in doc.get("training", {}).items():
             terminalreporter.write_line(f"{stack}: {verdict}", red=verdict.startswith(FAIL))
         for line in semantics_lines(doc.get("semantics", [])) + mismatch_lines(doc.get("mismatches", [])):
@@ -369,6 +375,21 @@ def semantics_lines(rows: list[dict[str, Any]]) -> list[str]:
     for (operation, op, value, behaviour), dtypes in sorted(differ.items()):
         lines.append(f"  {operation} {op} {value}: {behaviour} ({' '.join(map(short_dtype, dtypes))})")
     return lines
+
+
+def tiers_line(rows: list[dict[str, Any]]) -> str:
+    """Which cells passed at which size this run: the cells of the 1 Mi tier by name, how many more at
+    64 Ki, how many at 97 elements only (the large tiers rotate, so a PASS of those is a PASS at 97)."""
+    from pytest_collectives.conformance.cases import TIERS  # hypothesis' strategies: not at import
+
+    passed = [r for r in rows if r["status"] == PASS and r.get("largest")]
+    top = [r for r in passed if r["largest"] >= TIERS[1]]
+    names = ", ".join(f"{r['operation']} {short_dtype(r['dtype'])} {r['reduce_op']}" for r in top)
+    middle = sum(TIERS[0] <= r["largest"] < TIERS[1] for r in passed)
+    return (
+        f"of the {len(passed)} cells that passed, at 1 Mi elements: {names or 'none'}; at 64 Ki: {middle} "
+        f"more; the other {len(passed) - len(top) - middle} at up to 97 elements only"
+    )
 
 
 def mismatch_lines(rows: list[dict[str, Any]]) -> list[str]:
