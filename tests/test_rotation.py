@@ -17,7 +17,7 @@ from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS, Capabilities, dtype_name
 from pytest_collectives.conformance.cases import TIERS, _every_cell, supported_cells
-from pytest_collectives.conformance.matrix import short_dtype
+from pytest_collectives.conformance.matrix import NAMED_AT_MOST, short_dtype, tiers_line
 from pytest_collectives.execution import session
 
 SIZES = (2, 3, 4)
@@ -121,4 +121,15 @@ def test_the_matrix_says_which_cells_passed_at_which_tier(pytester: pytest.Pytes
             f"at 64 Ki: {len(at_64ki)} more; the other {len(rows) - 1 - len(at_64ki)} at up to 97 "
             "elements only"
         ]
+    )
+
+
+def test_a_whole_runs_1_mi_cells_are_counted_not_named() -> None:
+    """A whole run's 1 Mi cells (the registered algorithms' too) are some 70: the line counts them."""
+    row = {"operation": "all_reduce", "dtype": "int32", "reduce_op": "sum", "status": "PASS"}
+    many = NAMED_AT_MOST + 1
+    rows = [{**row, "largest": TIERS[1]}] * many + [{**row, "largest": 97}]
+    assert tiers_line(rows) == (
+        f"of the {many + 1} cells that passed, at 1 Mi elements: {many} cells ('largest' in "
+        "--capability-json); at 64 Ki: 0 more; the other 1 at up to 97 elements only"
     )
