@@ -5,6 +5,7 @@ scripts hand a warm group directly."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -140,6 +141,12 @@ def copy_conformance(directory: Path, files: tuple[str, ...] = (), conftest_extr
     (directory / "known_bugs.json").write_text((SUITES / "known_bugs.json").read_text())
     for name in files:
         (directory / name).write_text((SUITES / "conformance" / name).read_text())
+
+
+def copy_checkout(root: Path) -> None:
+    """The suites as a user's clone has them, beside an empty baselines/ (pytest.ini names it)."""
+    shutil.copytree(SUITES, root / "suites", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "pytest.ini").write_text("[pytest]\nbaseline_dir = baselines\n")
 
 
 def module_task(source: str, function: str, **kwargs: object) -> Task:

@@ -16,14 +16,13 @@ import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from docblocks import ALL, DIRECTIVE, MARK, OUTPUT, PAGES, ROOT, SUITES_RUN, Block, commands, pytest_args
-from helpers import PLUGIN, SUITES
+from helpers import PLUGIN, copy_checkout
 
 from pytest_collectives.conformance.known_bugs import load
 
@@ -77,10 +76,9 @@ def test_a_block_that_is_not_run_says_why() -> None:
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The suites as a user's clone has them, beside an empty baselines/ and the README's vendor module."""
+    """A user's clone (helpers.copy_checkout), with the README's vendor module."""
     root = tmp_path_factory.mktemp("checkout")
-    shutil.copytree(SUITES, root / "suites", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "pytest.ini").write_text("[pytest]\nbaseline_dir = baselines\n")
+    copy_checkout(root)
     (root / "acme_backend.py").write_text(ACME)
     return root
 

@@ -3,11 +3,9 @@ verdicts belong to what it ran, so the CI gate's commands pass on a healthy mach
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from docblocks import block_of, commands, pytest_args, unshown
-from helpers import SUITES
+from helpers import copy_checkout
 
 # The registered algorithms' benchmarks probe their group's capabilities, as a conformance test does: the
 # perf run that once failed on a healthy machine ("conformance checked nothing"): two algorithms at 4 and
@@ -39,8 +37,7 @@ CONFORMANCE = ("suites/conformance/test_point_to_point.py", "-k", "ring_exchange
 
 @pytest.fixture
 def checkout(pytester: pytest.Pytester) -> pytest.Pytester:
-    shutil.copytree(SUITES, pytester.path / "suites", ignore=shutil.ignore_patterns("__pycache__"))
-    pytester.makeini("[pytest]\nbaseline_dir = baselines\n")
+    copy_checkout(pytester.path)
     return pytester
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -51,6 +52,23 @@ class Task:
     # the known bugs the test holds, (exception name, pattern of its message): a batch of examples goes on
     # past an example that fails with one (examples.run_batch), so that it hides only itself
     expected: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def calling(cls, fn: Callable[..., Any], world_size: int, timeout_s: float = 0.0, **kwargs: Any) -> Task:
+        """The task of calling ``fn(pg=..., **kwargs)``, a module-level function, on every rank of a group
+        of ``world_size``: how the harness asks a live group a question (a probe, its health)."""
+        name = f"{fn.__module__}.{fn.__qualname__}"
+        return cls(
+            nodeid=f"{name} ({world_size} ranks)",
+            module=fn.__module__,
+            path=fn.__code__.co_filename,
+            qualname=fn.__qualname__,
+            kwargs={"pg": None, **kwargs},
+            seed=stable_seed_of(name),
+            sys_path=list(sys.path),
+            world_size=world_size,
+            timeout_s=timeout_s,
+        )
 
 
 PASSED = "passed"

@@ -414,17 +414,7 @@ class GroupPool:
         suspect = sorted({f"rank {r.rank}: {why}" for r in results for why in r.suspect})
         if not suspect:
             return []
-        probe = Task(
-            nodeid="the group's health after a raise",
-            module=probe_group.__module__,
-            path=probe_group.__code__.co_filename,
-            qualname=probe_group.__qualname__,
-            kwargs={"pg": None},
-            seed=0,
-            sys_path=list(sys.path),
-            world_size=group.spec.world_size,
-        )
-        outcome, answers = group.run(probe, PROBE_TIMEOUT_S)
+        outcome, answers = group.run(Task.calling(probe_group, group.spec.world_size), PROBE_TIMEOUT_S)
         if outcome.verdict() == PASSED and len(answers) == group.spec.world_size:
             return group.fit_for_reuse(answers)
         failed = next((r for r in outcome.ranks if r.status != PASSED), None)

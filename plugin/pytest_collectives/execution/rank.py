@@ -377,8 +377,6 @@ def health(world_size: int, device: torch.device) -> list[str]:
     pending = _pending_ops()
     if pending:
         reasons.append(f"the test left {pending} async op(s) unfinished")
-    if left_inside_a_group_call(dist.get_backend()):
-        reasons += unfit_after_raising(dist.get_backend(), _raised_calls)
     if default_device() != torch.device("cpu"):
         reasons.append(f"the test changed the default device to {default_device()}")
     if torch.get_default_dtype() != torch.float32:
@@ -432,7 +430,9 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     devices.empty_cache(ctx.device)
     dirty = health(ctx.world_size, ctx.device)
     backend = dist.get_backend() if dist.is_initialized() else ""
-    suspect = [] if left_inside_a_group_call(backend) else unfit_after_raising(backend, _raised_calls)
+    raised = unfit_after_raising(backend, _raised_calls) if backend else []
+    # NCCL's group is replaced after a raise; another's is asked first (pool.GroupPool._asked)
+    dirty, suspect = (dirty + raised, []) if left_inside_a_group_call(backend) else (dirty, raised)
     benchmark = bench and bench.result()
     return RankResult(
         ctx.rank,

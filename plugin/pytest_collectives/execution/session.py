@@ -461,19 +461,7 @@ class DistributedSession:
     def outcome_on_ranks(
         self, n: int, fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float = 0.0
     ) -> GroupOutcome:
-        name = f"{fn.__module__}.{fn.__qualname__}"
-        task = Task(
-            nodeid=f"{name} ({n} ranks)",
-            module=fn.__module__,
-            path=inspect.getfile(fn),
-            qualname=fn.__qualname__,
-            kwargs={"pg": None, **kwargs},
-            seed=stable_seed_of(name),
-            sys_path=list(sys.path),
-            world_size=n,
-            timeout_s=timeout_s,
-        )
-        return self.launcher.run(task, fn)
+        return self.launcher.run(Task.calling(fn, n, timeout_s, **kwargs), fn)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
