@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -182,6 +184,30 @@ def test_the_suites_own_manifest_loads_and_names_tests_that_exist():
     # a pattern over node ids must name a test function that exists
     named = [b.test if "::" not in b.test else re.split(r"[?\[*]", b.test.split("::")[-1])[0] for b in bugs]
     assert bugs and set(named) <= names
+
+
+def test_each_entry_of_the_suites_manifest_names_collected_tests_at_its_world_sizes():
+    """A pattern that names no test (a parameter's id misspelt, an order of ids changed) would leave its
+    bug unexpected on the backend it is seen on: every entry must mark a test the suites collect."""
+    bugs = load(SUITES / "known_bugs.json")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "suites", "--collect-only", "-q", "--world-sizes", "1,2,3,8",
+         "-p", "no:cacheprovider"],
+        cwd=SUITES.parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    ids = [line for line in run.stdout.splitlines() if "::" in line]
+    assert ids, run.stdout[-2000:] + run.stderr[-2000:]
+
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid, self.name = nodeid, nodeid.split("::")[-1]
+            self.originalname = self.name.split("[")[0]
+            size = re.search(r"\[ws(\d+)", nodeid)
+            self.callspec = type("Callspec", (), {"params": {"world_size": size and int(size[1])}})()
+
+    items = [Item(nodeid) for nodeid in ids]
+    unmatched = [b.test for b in bugs if not any(b.matches(item, b.backends[0]) for item in items)]
+    assert not unmatched, f"entries that mark no collected test: {unmatched}"
 
 
 def test_world_sizes_limit_an_entry_to_the_tests_at_those_sizes():

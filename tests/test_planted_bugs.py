@@ -8,6 +8,7 @@ left out (the ``planted`` profile) so the time measured is the time to the first
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -246,32 +247,83 @@ def test_the_unmutated_copy_passes(pytester: pytest.Pytester, tmp_path: Path) ->
         )
 
 
+# gloo refuses PREMUL_SUM, so the suite's PREMUL_SUM test is run on a gloo group of one with PREMUL_SUM
+# planted: a SUM, then the factor applied (what PREMUL_SUM is at one rank), right or wrong in one way per
+# mode, each mode as a bug NCCL shipped or one beside it. Printed: each (mode, operation, dtype)'s failure.
 PREMUL_PLANTED = """
-import sys, types, torch, torch.distributed as dist
+import json, sys, types, torch, torch.distributed as dist
 sys.path.insert(0, sys.argv[1])
 import test_all_reduce as suite
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-dist._make_nccl_premul_sum = lambda factor: dist.ReduceOp.SUM  # the planted bug: the factor left out
+names = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
+real = {name: getattr(dist, name) for name in names}
+dist._make_nccl_premul_sum = lambda f: float(f.item() if torch.is_tensor(f) else f)
+MODE = None
+
+def applied(name, out, factor):
+    if MODE == "left_out_of_reduce_scatter" and name.startswith("reduce_scatter"):
+        return
+    if MODE == "zeros" and name == "all_reduce" and out.dtype == torch.bfloat16:
+        return out.zero_()
+    if MODE == "tail" and name == "all_reduce" and len(out) == 65537 and out.dtype == torch.float64:
+        return out[:-1].mul_(factor)
+    if MODE == "left_out_and_one_off" and name.startswith("reduce_scatter"):
+        out[len(out) // 2 :] += 1 if len(out) > 16 else 0
+        return
+    out.mul_(factor)
+
+def planted(name):
+    def call(out, *args, op, **kwargs):
+        real[name](out, *args, op=dist.ReduceOp.SUM, **kwargs)
+        applied(name, out, op)
+    return call
+
+for name in real:
+    setattr(dist, name, planted(name))
 pg = types.SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"), backend="gloo")
-try:
-    suite.test_premul_sum_factors(pg, torch.bfloat16)
-except AssertionError as exc:
-    print(exc)
+found = {}
+for MODE in ("right", "left_out_of_reduce_scatter", "zeros", "tail", "left_out_and_one_off"):
+    for operation in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_single"):
+        for dtype in (torch.bfloat16, torch.float64):
+            try:
+                suite.test_premul_sum_factors(pg, operation, dtype)
+            except AssertionError as exc:
+                found[f"{MODE} {operation} {dtype}"] = str(exc).splitlines()[0]
+print(json.dumps(found))
 """
 
 
-def test_premul_sum_test_catches_a_factor_left_out() -> None:
-    """gloo refuses PREMUL_SUM, so its test is proven on a gloo group of one with PREMUL_SUM planted as a
-    plain SUM (the factor left out, as NCCL's reduce_scatter at one rank does): every call is listed, in
-    the words the NCCL known bug's match expects."""
+def test_premul_sum_test_tells_each_nccl_bug_from_any_other() -> None:
+    """Each of NCCL's three PREMUL_SUM bugs at one rank, planted on gloo, fails the suite's test of its own
+    cells only, in words its known-bugs entry explains; a right PREMUL_SUM passes every cell, and each
+    entry explains nothing else: not another bug of its own cell (one element off as well), nor another
+    bug of the factor in another cell."""
     suites = Path(__file__).parents[1] / "suites" / "conformance"
     run = subprocess.run(
         [sys.executable, "-c", PREMUL_PLANTED, str(suites)], capture_output=True, text=True, timeout=120
     )
-    message = run.stdout.strip()
-    head = "premul_sum of bfloat16 over 1 ranks, 15 of 15 calls wrong: "
-    assert message.startswith(head), run.stderr[-2000:]
-    assert "reduce_scatter by scalar 2.0 gives 1.0 at element 0, exact 2.0" in message
-    assert "all_reduce by tensor 0.25 gives 1.0 at element 0, exact 0.25" in message
-    (bug,) = [b for b in load(suites.parent / "known_bugs.json") if b.test == "test_premul_sum_factors"]
-    assert bug.explains(f"AssertionError: {message}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout)
+    failed = {key.rsplit(" ", 1)[0]: message for key, message in found.items() if "bfloat16" in key}
+    assert not [key for key in found if key.startswith("right ")], found
+    assert sorted(found) == sorted(
+        [f"left_out_of_reduce_scatter {op} torch.{d}" for op in ("reduce_scatter", "reduce_scatter_single")
+         for d in ("bfloat16", "float64")]
+        + ["zeros all_reduce torch.bfloat16", "tail all_reduce torch.float64"]
+        + [f"left_out_and_one_off {op} torch.float64" for op in ("reduce_scatter", "reduce_scatter_single")]
+        + [f"left_out_and_one_off {op} torch.bfloat16" for op in ("reduce_scatter", "reduce_scatter_single")]
+    ), found  # fmt: skip
+    shown = "by scalar 2.0 of 16: 16 of 16 elements wrong (the factor left out), first at 0: 1.0, exact 2.0"
+    assert shown in failed["left_out_of_reduce_scatter reduce_scatter_single"]
+    bugs = {b.test: b for b in load(suites.parent / "known_bugs.json") if "premul" in b.test}
+    explained = {
+        key: sorted(test for test, bug in bugs.items() if bug.explains(f"AssertionError: {message}"))
+        for key, message in found.items()
+    }
+    left_out, bfloat16, float64 = sorted(bugs, key=lambda t: ("reduce_scatter" not in t, "float64" in t))
+    assert explained == {
+        key: [] if key.startswith("left_out_and_one_off")
+        else [left_out] if key.startswith("left_out_of")
+        else [bfloat16] if key.startswith("zeros") else [float64]
+        for key in found
+    }, explained  # fmt: skip

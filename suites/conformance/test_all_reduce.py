@@ -152,59 +152,85 @@ def premul_input(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.complex(x, (index + 2 * rank) % 3 - 1).to(dtype) if dtype.is_complex else x.to(dtype)
 
 
-def premul_call(pg, operation: str, inputs: list[torch.Tensor], op, exact: torch.Tensor):
-    """One PREMUL_SUM call of ``operation`` on this rank's input: (what it gave, what it must give), the
-    latter None where this rank receives nothing (reduce's non-roots)."""
+def premul_call(pg, operation: str, inputs: list[torch.Tensor], op) -> tuple[torch.Tensor, slice | None]:
+    """One PREMUL_SUM call of ``operation`` on this rank's input: what it gave, and the part of the
+    reduction it must hold (None where this rank receives nothing: reduce's non-roots)."""
     n, me = pg.world_size, pg.rank
-    tensor, chunk = inputs[me].to(pg.device, copy=True), len(exact) // n
+    tensor = inputs[me].to(pg.device, copy=True)
     if operation == "all_reduce":
         dist.all_reduce(tensor, op=op)
-        return tensor, exact
+        return tensor, slice(None)
     if operation == "reduce":
         dist.reduce(tensor, dst=0, op=op)
-        return tensor, exact if me == 0 else None
+        return tensor, slice(None) if me == 0 else None
+    chunk = len(tensor) // n
     out = torch.empty(chunk, dtype=tensor.dtype, device=pg.device)
-    dist.reduce_scatter_tensor(out, tensor, op=op)
-    return out, exact[me * chunk : (me + 1) * chunk]
+    if operation == "reduce_scatter":
+        dist.reduce_scatter(out, list(tensor.chunk(n)), op=op)
+    else:
+        dist.reduce_scatter_tensor(out, tensor, op=op)
+    return out, slice(me * chunk, (me + 1) * chunk)
+
+
+def premul_wrong(got: torch.Tensor, exact: torch.Tensor, plain: torch.Tensor) -> str:
+    """How a PREMUL_SUM result is wrong: how many elements, the first, and what every wrong element is
+    where they all are one thing (the plain sum: the factor left out; or zeros), which is what tells one
+    known bug from another bug of the same call."""
+    bad = got != exact
+    first, how = int(bad.nonzero()[0, 0]), ""
+    if torch.equal(got[bad], plain[bad]):
+        how = " (the factor left out)"
+    elif not got[bad].any():
+        how = " (zeros)"
+    return (
+        f"{int(bad.sum())} of {len(got)} elements wrong{how}, first at {first}: {got[first].item()}, "
+        f"exact {exact[first].item()}"
+    )
+
+
+# Elements per rank: a few, and 64 Ki + 1, where NCCL at one rank left the factor out of the last element.
+PREMUL_COUNTS = (16, 65537)
 
 
 @pytest.mark.world_size()
 @pytest.mark.parametrize("dtype", [*FLOATS, torch.complex64, torch.complex128], ids=lambda d: str(d)[6:])
-def test_premul_sum_factors(pg, dtype):
-    """PREMUL_SUM multiplies each rank's input by its factor, then sums: all_reduce, reduce and
-    reduce_scatter_tensor with every factor above, compared bit for bit. Every call is made and the
-    failure lists each wrong one (a call that raises included), so one known bug hides no other. N/A where
-    the backend refuses PREMUL_SUM of this dtype in its own words (gloo refuses it whatever the dtype)."""
+@pytest.mark.parametrize("operation", ["all_reduce", "reduce", "reduce_scatter", "reduce_scatter_single"])
+def test_premul_sum_factors(pg, operation, dtype):
+    """PREMUL_SUM multiplies each rank's input by its factor, then sums: each reduction's cell (operation
+    and dtype, a test each, so a known bug of one cell hides no other) with every factor above at both
+    counts, compared bit for bit. Every call is made and the failure lists each wrong one (a call that
+    raises included), saying where a wrong element is the plain sum: the factor left out. N/A where the
+    backend refuses PREMUL_SUM of this dtype in its own words (gloo refuses it whatever the dtype)."""
     n, wide = pg.world_size, torch.complex128 if dtype.is_complex else torch.float64
-    inputs = [premul_input(r, 16 * n, dtype) for r in range(n)]
     wrong, refused, tried = [], set(), 0
-    for kind, factor in PREMUL_FACTORS:
-        scale = (
-            factor
-            if kind == "scalar"
-            else torch.tensor([factor], dtype=factor_dtype(dtype), device=pg.device)
-        )
-        exact = sum(x.to(wide) * factor for x in inputs).to(dtype)
-        for operation in ("all_reduce", "reduce", "reduce_scatter"):
-            what = f"{operation} by {kind} {factor}"
+    for count in PREMUL_COUNTS:
+        inputs = [premul_input(r, count * n, dtype) for r in range(n)]
+        plain = sum(x.to(wide) for x in inputs).to(dtype)
+        for kind, factor in PREMUL_FACTORS:
+            scale = (
+                factor
+                if kind == "scalar"
+                else torch.tensor([factor], dtype=factor_dtype(dtype), device=pg.device)
+            )
+            exact = sum(x.to(wide) * factor for x in inputs).to(dtype)
+            what = f"by {kind} {factor} of {count * n}"
             try:
-                got, want = premul_call(pg, operation, inputs, dist._make_nccl_premul_sum(scale), exact)
+                got, part = premul_call(pg, operation, inputs, dist._make_nccl_premul_sum(scale))
             except Exception as exc:  # noqa: BLE001 - a refusal, or listed as wrong
                 if reason := refusal(exc, pg.backend):
                     refused.add(reason)
                     continue
                 wrong.append(f"{what} raises {type(exc).__name__}: " + str(exc).split("\n")[0])
             else:
-                if want is not None and not torch.equal(got.cpu(), want):
-                    first = int((got.cpu() != want).nonzero()[0, 0])
-                    wrong.append(
-                        f"{what} gives {got[first].item()} at element {first}, exact {want[first].item()}"
-                    )
+                got = got.cpu()
+                if part is not None and not torch.equal(got, exact[part]):
+                    wrong.append(f"{what}: {premul_wrong(got, exact[part], plain[part])}")
             tried += 1
     if not tried:
         pytest.skip(f"N/A: {pg.backend} refuses PREMUL_SUM of {dtype}: {'; '.join(sorted(refused))}")
     name, listed = str(dtype).removeprefix("torch."), "; ".join(wrong)
-    assert not wrong, f"premul_sum of {name} over {n} ranks, {len(wrong)} of {tried} calls wrong: {listed}"
+    calls = f"{len(wrong)} of {tried} calls wrong"
+    assert not wrong, f"premul_sum {operation} of {name} over {n} ranks, {calls}: {listed}"
 
 
 def kind_of(x: torch.Tensor) -> list[str]:
