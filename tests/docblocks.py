@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
-PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 MARK = re.compile(r"<!-- (?P<kind>not run here|printed by): (?P<what>[^>]*\S) -->")
 SUITES_RUN = "pytest suites"  # what .ci/run runs (tox -e suites), whose output it keeps
 FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")

@@ -407,8 +407,8 @@ def _copied(arg: Any) -> Any:
 
 class RefusalLeavesGroupOpen(NcclRulesBackend):
     """A refused call leaves its thread inside a group call, as NCCL does after a refused all_to_all or
-    batch_isend_irecv (tests/nccl_findings.py): every later call on that thread is taken and moves
-    nothing."""
+    batch_isend_irecv (docs/measurements/scripts/nccl_findings.py): every later call on that thread is
+    taken and moves nothing."""
 
     name = "mutant_refusal_leaves_group_open"
 

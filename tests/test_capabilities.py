@@ -490,8 +490,9 @@ def test_the_probe_survives_a_refusal_that_leaves_its_thread_in_a_group_call(
     pytester: pytest.Pytester,
 ) -> None:
     """NCCL, after a refused all_to_all or batch_isend_irecv, takes every later call on the thread and runs
-    none (tests/nccl_findings.py); so does the mutant, from its first refusal, made by the probe. Each
-    probe call runs on a thread of its own, so the probe's answers and the tests after it are right."""
+    none (docs/measurements/scripts/nccl_findings.py); so does the mutant, from its first refusal, made by
+    the probe. Each probe call runs on a thread of its own, so the probe's answers and the tests after it
+    are right."""
     result = run_on_backend(
         pytester, "mutant_refusal_leaves_group_open", "test_all_reduce.py", "-k", "matches_exact_reference"
     )

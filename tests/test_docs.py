@@ -182,3 +182,12 @@ def test_every_file_of_the_tests_is_in_their_readme() -> None:
     readme = (ROOT / "tests" / "README.md").read_text()
     missing = [p.name for p in sorted((ROOT / "tests").glob("*.py")) if f"`{p.name}`" not in readme]
     assert not missing, f"tests/README.md does not say what these are for: {missing}"
+
+
+def test_every_measurement_script_is_on_the_measurements_page_and_not_among_the_tests() -> None:
+    """The scripts that produce the figures live beside them, each named on the page, none in tests/."""
+    scripts = ROOT / "docs" / "measurements" / "scripts"
+    page = (scripts.parent / "index.md").read_text()
+    missing = [p.name for p in sorted(scripts.glob("*.py")) if f"`{p.name}`" not in page]
+    assert scripts.is_dir() and not missing, f"docs/measurements/index.md does not name: {missing}"
+    assert not [p.name for p in (ROOT / "tests").glob("bench_*.py")], "a measurement script among the tests"

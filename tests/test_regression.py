@@ -1,5 +1,6 @@
 """The gate's rule on synthetic sessions: the model's own rates (the real-session figures come from
-tests/bench_gate_sessions.py), the machine factor, family-wise control, detectability, confirmation."""
+docs/measurements/scripts/bench_gate_sessions.py), the machine factor, family-wise control, detectability,
+confirmation."""
 
 import dataclasses
 import math

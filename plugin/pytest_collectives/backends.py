@@ -4,8 +4,9 @@ from __future__ import annotations
 
 # gloo refuses a call before any state changes. NCCL does not always: torch raises two of its refusals
 # (a list all_to_all, batch_isend_irecv) inside a group call it never closes, so every later call on that
-# thread, or on that process group, is taken and never run (tests/nccl_findings.py). A backend the harness
-# has not seen may do either: after its calls raised, its group is asked (pool.GroupPool.run).
+# thread, or on that process group, is taken and never run (docs/measurements/scripts/nccl_findings.py).
+# A backend the harness has not seen may do either: after its calls raised, its group is asked
+# (pool.GroupPool.run).
 _CLEAN_AFTER_A_RAISE = {"gloo"}
 _LEFT_INSIDE_A_GROUP_CALL = frozenset({"nccl"})
 

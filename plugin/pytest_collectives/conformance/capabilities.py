@@ -246,7 +246,7 @@ def probe(pg: Any) -> Capabilities:
 
     probe_each(REDUCTIONS, REDUCE_OPS)
     # before send_recv: a refused batch_isend_irecv leaves NCCL's group coalescing, every later call on it
-    # taken and never run (tests/nccl_findings.py)
+    # taken and never run (docs/measurements/scripts/nccl_findings.py)
     semantics = exceptional_semantics(pg, found)
     probe_each(DATA_OPERATIONS, [NO_OP])
     for name, call in _WHOLE_GROUP.items():

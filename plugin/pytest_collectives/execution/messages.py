@@ -99,7 +99,7 @@ class RankResult:
     known_failure: str = ""  # the first of them, its traceback
     printed: bool = True  # whether the rank wrote to its stdout or stderr in the test
     # time.perf_counter() when the rank took the task, began the body, ended it and answered: where a test's
-    # time goes on the ranks (tests/bench_harness_cost.py)
+    # time goes on the ranks (docs/measurements/scripts/bench_harness_cost.py)
     timeline: tuple[float, ...] = ()
 
 

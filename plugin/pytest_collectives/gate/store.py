@@ -11,9 +11,10 @@ The format is the JSON Schema `schemas/baseline.schema.json` (BASELINE_SCHEMA), 
 the loader checks it, then what a schema cannot say (quartile order, UTC times, the id of the fingerprint).
 
 The gate judges each benchmark's fastest round (``min``): measured on this machine, it repeats between
-launches about twice as well as the median (tests/bench_noise_floor.py, README). Runs recorded before the
-minimum was kept hold only the median; a baseline with such a run is judged on the median
-(`judged_statistic`), so an older file keeps working, and moves to the minimum once its old runs are gone.
+launches about twice as well as the median (docs/measurements/scripts/bench_noise_floor.py, README).
+Runs recorded before the minimum was kept hold only the median; a baseline with such a run is judged on
+the median (`judged_statistic`), so an older file keeps working, and moves to the minimum once its old
+runs are gone.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The gate's rule on a stated noise model (a simulation: it describes the rule, not a machine).
 
-    python tests/bench_gate_model.py [--sessions 1000] [--baselines 100]
+    python docs/measurements/scripts/bench_gate_model.py [--sessions 1000] [--baselines 100]
 
 A GPU node's benchmark set, as `pytest --gpus 8 suites/perf` makes it: FAMILIES families (an op on a
 backend over SIZES message sizes, 8 B to 256 MiB by 4), about 2000 benchmarks. A session's median of a

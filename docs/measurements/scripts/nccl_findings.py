@@ -1,6 +1,6 @@
 """What the suites found on NCCL at one rank, reproduced in one plain process on one GPU, one line each.
 
-    python tests/nccl_findings.py        # needs a CUDA GPU; prints each call and what it gave
+    python docs/measurements/scripts/nccl_findings.py  # needs a CUDA GPU; prints each call and what it gave
 
 The suites' verdicts (suites/known_bugs.json) rest on these; the script shows a backend author the bare
 calls, with no harness between them and the result.

@@ -1,7 +1,7 @@
 """The mutant table of the README: how often the conformance suites catch each backend that is wrong on
 purpose (tests/mutant_backends.py), after how many examples, and the minimal example they print.
 
-    python tests/bench_mutants.py [--runs 5] [--mutant NAME ...]
+    python docs/measurements/scripts/bench_mutants.py [--runs 5] [--mutant NAME ...]
 
 Each run is a fresh pytest session of the suite file the mutant's operation lives in, at 3 ranks, with the
 default ``ci`` profile: once without shrinking (the examples drawn until the first failure) and once as a
@@ -18,7 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+TESTS = Path(__file__).resolve().parents[3] / "tests"  # helpers and the mutant backends the tests use
+sys.path.insert(0, str(TESTS))
 from helpers import copy_conformance  # noqa: E402
 from test_capabilities import MUTANTS  # noqa: E402
 
@@ -36,7 +37,7 @@ def session(directory: Path, backend: str, test_file: str, select: str, profile:
         "--backend-module", "mutant_backends", "--backend", backend, "--world-sizes", "3",
         "--hypothesis-profile", profile,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
     done = subprocess.run(command, cwd=directory, capture_output=True, text=True, env=env)
     return done.stdout
 

@@ -1,6 +1,6 @@
 """How much a bare torch loop moves between launches on this machine: the floor under any gate.
 
-    python tests/bench_noise_floor.py [--launches 8]
+    python docs/measurements/scripts/bench_noise_floor.py [--launches 8]
 
 No plugin code runs here. Each launch starts two fresh gloo ranks (as each pytest session does), times
 all_reduce and broadcast at four sizes on nccl-tests' schedule (warm-up, then rounds of back-to-back

@@ -1,6 +1,6 @@
 """Where a distributed test's time goes, and what it costs beside torch's own pooled base class.
 
-    python tests/bench_harness_cost.py [--tests 400] [--rounds 3]
+    python docs/measurements/scripts/bench_harness_cost.py [--tests 400] [--rounds 3]
 
 Every figure is a difference of whole pytest sessions, K tests against one, (T(K) - T(1)) / (K - 1), so what
 a session pays once (start-up, collection of the module, the first group) drops out. The sessions of each

@@ -1,6 +1,6 @@
 """Prints what the worker pool saves: dispatch overhead on warm groups, group start, spawn-per-test.
 
-    python tests/bench_dispatch.py [--repeat 200]
+    python docs/measurements/scripts/bench_dispatch.py [--repeat 200]
 
 Timings are printed, never asserted: this machine's noise is not the plugin's regression.
 """
@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from helpers import module_task
+TESTS = Path(__file__).resolve().parents[3] / "tests"  # helpers and the mutant backends the tests use
+sys.path.insert(0, str(TESTS))
+from helpers import module_task  # noqa: E402
 
-from pytest_collectives.execution.pool import GroupPool
+from pytest_collectives.execution.pool import GroupPool  # noqa: E402
 
 EMPTY_TEST = "def test_empty(pg):\n    pass\n"
 

@@ -2,7 +2,7 @@
 across ranks) against a bare torch.distributed loop in the same group, and shared-memory copy between
 ranks against a memcpy inside one process.
 
-    python tests/bench_overhead.py [--mib 16]
+    python docs/measurements/scripts/bench_overhead.py [--mib 16]
 
 Timings are printed, never asserted.
 """
@@ -10,10 +10,14 @@ Timings are printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from helpers import module_task
+TESTS = Path(__file__).resolve().parents[3] / "tests"  # helpers and the mutant backends the tests use
+sys.path.insert(0, str(TESTS))
+from helpers import module_task  # noqa: E402
 
-from pytest_collectives.execution.pool import GroupPool
+from pytest_collectives.execution.pool import GroupPool  # noqa: E402
 
 RANK_SIDE = """
 import os, statistics, time

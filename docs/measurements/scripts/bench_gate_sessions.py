@@ -1,6 +1,6 @@
 """The gate on real sessions (not a timed test: run it by hand on a quiet machine).
 
-    python tests/bench_gate_sessions.py [--unchanged 20] [--planted 20] [--max-time 0.2]
+    python docs/measurements/scripts/bench_gate_sessions.py [--unchanged 20] [--planted 20] [--max-time 0.2]
 
 In a scratch directory it writes 30 real 2-rank gloo benchmarks (all_reduce, broadcast, all_gather over 10
 sizes, each call doing the collective 4 times), records a baseline of 3 sessions, then runs: unchanged
