@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from pytest_collectives.bench.timing import format_size, parse_size, sweep
-from pytest_collectives.conformance import known_bugs
-from pytest_collectives.execution.session import settings_of
+from pytest_collectives import format_size, known_bugs, parse_size, settings_of, size_sweep
 
 # Examples run on every rank, so their time varies with the machine's load: no deadline. The example
 # database is hypothesis' default (.hypothesis/ in the working directory), so a failure found once is
@@ -70,7 +68,7 @@ def sweep_sizes(config: pytest.Config) -> list[int]:
         except ValueError as exc:
             raise pytest.UsageError(f"{flag} {text}: {exc}") from None
     try:
-        return sweep(*values)
+        return size_sweep(*values)
     except ValueError as exc:
         raise pytest.UsageError(f"--min-bytes/--max-bytes/--step-factor: {exc}") from None
 

@@ -418,7 +418,7 @@ def test_a_backend_failing_in_another_backends_refusal_words_is_told_how_to_decl
         [
             "1 failure(s) raised gloo's refusal words (*), and acme declares no refusal words of its own, so "
             "they are failures, not N/A. If acme refuses these calls as gloo does, declare it in its backend "
-            'module: refuses("acme", like="gloo") (pytest_collectives.conformance.capabilities)'
+            'module: refuses("acme", like="gloo") (from pytest_collectives import refuses)'
         ]
     )
 

@@ -85,13 +85,13 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 ACME = """
 import torch.distributed as dist
-from pytest_collectives.conformance import capabilities
+from pytest_collectives import refuses
 from pytest_collectives.conformance.refbackend import ReferenceBackend
 
 class Acme(ReferenceBackend):
     name = "acme"
 
-capabilities.refuses("acme", like="gloo")
+refuses("acme", like="gloo")
 if "ACME" not in dist.Backend._plugins:
     dist.Backend.register_backend("acme", Acme, devices=["cpu"])
 """

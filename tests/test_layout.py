@@ -157,3 +157,52 @@ def test_the_plugin_runs_without_hypothesis_or_xdist(pytester):
         text=True,
     )
     assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout + result.stderr
+
+
+def _imports_of_the_package(source: str) -> list[str]:
+    """Each import of the package in ``source``, as ``module:name`` (``module`` for a plain import)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pytest_collectives":
+            found += [f"{node.module}:{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] == "pytest_collectives"]
+    return found
+
+
+def _not_public(imports: list[str]) -> list[str]:
+    return [i for i in imports if i not in _public_names() | {"pytest_collectives"}]
+
+
+def test_the_suites_and_the_docs_use_only_the_public_api() -> None:
+    """suites/ and the docs' Python blocks import the package only from its top level, names of its
+    ``__all__``: a test of theirs that reaches into a subpackage is a private import a user would copy."""
+    sys.path.insert(0, str(PROJECT / "tests"))
+    from docblocks import ALL
+
+    sources = {str(p.relative_to(PROJECT)): p.read_text() for p in sorted((PROJECT / "suites").rglob("*.py"))}
+    sources |= {b.where: b.text for b in ALL if b.lang == "python"}
+    imports = {where: _imports_of_the_package(text) for where, text in sources.items()}
+    private = {where: bad for where, found in imports.items() if (bad := _not_public(found))}
+    assert not private, f"private imports of pytest_collectives: {private}"
+    assert _not_public(_imports_of_the_package("from pytest_collectives.conformance import cases")) == [
+        "pytest_collectives.conformance:cases"
+    ]
+
+
+def test_every_public_name_resolves_and_the_package_never_imports_itself_through_it() -> None:
+    """Each name of ``__all__`` is what its module holds; inside the package, parts import each other
+    directly, never through the top level (whose names load on first use)."""
+    for name in pytest_collectives.__all__:
+        assert getattr(pytest_collectives, name) is not None
+    through = {
+        str(path.relative_to(ROOT)): names
+        for path in ROOT.rglob("*.py")
+        if path.name != "__init__.py" or path.parent != ROOT
+        if (names := [i for i in _imports_of_the_package(path.read_text()) if i in _public_names()])
+    }
+    assert not through, f"the package's own modules import through its top level: {through}"
+
+
+def _public_names() -> set[str]:
+    return {f"pytest_collectives:{name}" for name in pytest_collectives.__all__}

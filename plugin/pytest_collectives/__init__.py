@@ -1,6 +1,102 @@
-"""pytest-collectives: run tests on every rank of a real torch.distributed process group."""
+"""pytest-collectives: run tests on every rank of a real torch.distributed process group.
 
-from pytest_collectives.algorithms.registry import algorithm
-from pytest_collectives.execution.examples import examples, sweep
+The public API: what the project's suites, the docs' examples and a user's own tests and backend modules
+import, always from here (``from pytest_collectives import examples, refuses``). Everything under the
+subpackages is internal and may move; ``tests/test_layout.py`` holds the suites and the docs to this list.
+A name is imported on first use, so loading the plugin (and every rank process) pulls in only what it
+needs, and no part of the package imports another through here.
+"""
 
-__all__ = ["algorithm", "examples", "sweep"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> (module under pytest_collectives, attribute; None: the module itself, a public namespace)
+_PUBLIC: dict[str, tuple[str, str | None]] = {
+    # writing distributed tests
+    **{n: ("execution.examples", n) for n in ("examples", "sweep")},
+    **{
+        n: ("execution.session", n)
+        for n in (
+            "item_parameter",
+            "item_world_sizes",
+            "outcome_on_ranks",
+            "run_on_ranks",
+            "settings_of",
+            "world_sizes_of",
+        )
+    },
+    "share": ("execution.ipc", "share"),
+    # algorithms under test, and the exact references they are held to
+    "algorithm": ("algorithms.registry", "algorithm"),
+    "registry": ("algorithms.registry", None),
+    "collectives": ("algorithms.collectives", None),
+    **{n: ("algorithms.collectives", n) for n in ("all_gather_single", "reduce_scatter_single")},
+    **{
+        n: ("algorithms.reference", n)
+        for n in ("Values", "assert_reduced_close", "rank_input", "real_dtype", "reduce_op")
+    },
+    # a backend's declarations (its backend module)
+    **{n: ("backends", n) for n in ("clean_after_a_raise", "keeps_state_after_a_raise")},
+    "refuses": ("conformance.capabilities", "refuses"),
+    # conformance: what the backend supports, the cases drawn, the properties checked
+    "capabilities": ("conformance.capabilities", None),
+    **{
+        n: ("conformance.capabilities", n)
+        for n in ("DTYPES", "EXCEPTIONAL", "NO_OP", "REDUCE_OPS", "REDUCTIONS", "kinds", "refusal")
+    },
+    **{
+        n: ("conformance.cases", n)
+        for n in (
+            "Calls",
+            "Case",
+            "DENSE",
+            "EDGE_SIZES",
+            "FLOATS",
+            "LARGE_SIZES",
+            "MAX_RANKS",
+            "assert_moved",
+            "cases",
+            "every_cell",
+            "group_of",
+            "laid_out",
+            "large",
+            "movements",
+            "of_the_algorithm",
+            "reductions",
+            "registered",
+            "sentinel",
+            "supported_cells",
+            "tiers_at",
+        )
+    },
+    **{
+        n: (f"conformance.{n}", None)
+        for n in ("known_bugs", "mismatches", "probing", "properties", "rotation", "training")
+    },
+    **{
+        n: ("conformance.training", n)
+        for n in ("FSDP2", "FunctionalCall", "Redistribution", "STACKS", "TENSOR_PARALLEL")
+    },
+    # benchmarks: timing inside the workers, message sizes
+    **{n: ("bench.timing", n) for n in ("format_size", "measure", "parse_size")},
+    "size_sweep": ("bench.timing", "sweep"),
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _PUBLIC[name]
+    except KeyError:
+        raise AttributeError(f"module 'pytest_collectives' has no attribute {name!r}") from None
+    found = importlib.import_module(f"pytest_collectives.{module}")
+    value = found if attribute is None else getattr(found, attribute)
+    globals()[name] = value  # later uses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -14,19 +14,24 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_collectives import examples
-from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input, real_dtype, reduce_op
-from pytest_collectives.conformance import properties
-from pytest_collectives.conformance.capabilities import EXCEPTIONAL, kinds, refusal
-from pytest_collectives.conformance.cases import (
+from pytest_collectives import (
+    EXCEPTIONAL,
     FLOATS,
     LARGE_SIZES,
     assert_moved,
+    assert_reduced_close,
+    examples,
+    kinds,
     large,
     of_the_algorithm,
+    properties,
+    rank_input,
+    real_dtype,
+    reduce_op,
     reductions,
+    refusal,
     registered,
+    registry,
 )
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group

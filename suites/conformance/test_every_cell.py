@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_collectives import sweep
-from pytest_collectives.algorithms import registry
-from pytest_collectives.conformance import properties
-from pytest_collectives.conformance.cases import every_cell, registered
+from pytest_collectives import every_cell, properties, registered, registry, sweep
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 

@@ -25,14 +25,25 @@ import torch.distributed as dist
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from pytest_collectives import sweep
-from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
-from pytest_collectives.algorithms.reference import assert_reduced_close, rank_input
-from pytest_collectives.backends import keeps_state_after_a_raise
-from pytest_collectives.conformance import rotation
-from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCTIONS, refusal
-from pytest_collectives.conformance.cases import assert_moved, sentinel, supported_cells, tiers_at
-from pytest_collectives.execution.session import item_parameter, item_world_sizes
+from pytest_collectives import (
+    DTYPES,
+    NO_OP,
+    REDUCTIONS,
+    all_gather_single,
+    assert_moved,
+    assert_reduced_close,
+    item_parameter,
+    item_world_sizes,
+    keeps_state_after_a_raise,
+    rank_input,
+    reduce_scatter_single,
+    refusal,
+    rotation,
+    sentinel,
+    supported_cells,
+    sweep,
+    tiers_at,
+)
 
 pytestmark = pytest.mark.conformance
 

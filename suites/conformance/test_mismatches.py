@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_collectives.conformance import mismatches, probing
-from pytest_collectives.conformance.capabilities import NO_OP, REDUCTIONS
-from pytest_collectives.execution.session import outcome_on_ranks, run_on_ranks, settings_of
+from pytest_collectives import (
+    NO_OP,
+    REDUCTIONS,
+    mismatches,
+    outcome_on_ranks,
+    probing,
+    run_on_ranks,
+    settings_of,
+)
 
 
 @pytest.mark.parametrize("kind", mismatches.KINDS)

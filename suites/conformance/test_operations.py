@@ -15,25 +15,29 @@ import torch.distributed as dist
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from pytest_collectives import examples, sweep
-from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import assert_reduced_close, reduce_op
-from pytest_collectives.conformance import properties
-from pytest_collectives.conformance.capabilities import NO_OP, REDUCE_OPS, refusal
-from pytest_collectives.conformance.cases import (
+from pytest_collectives import (
     DENSE,
     FLOATS,
     MAX_RANKS,
+    NO_OP,
+    REDUCE_OPS,
     Calls,
     assert_moved,
+    assert_reduced_close,
     cases,
     every_cell,
+    examples,
     laid_out,
     movements,
     of_the_algorithm,
+    properties,
+    reduce_op,
     reductions,
+    refusal,
     registered,
+    registry,
     sentinel,
+    sweep,
 )
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group

@@ -11,15 +11,7 @@ import torch.distributed as dist
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pytest_collectives import examples
-from pytest_collectives.conformance.cases import (
-    LARGE_SIZES,
-    assert_moved,
-    group_of,
-    large,
-    movements,
-    sentinel,
-)
+from pytest_collectives import LARGE_SIZES, assert_moved, examples, group_of, large, movements, sentinel
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 

@@ -8,17 +8,17 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from pytest_collectives import examples
-from pytest_collectives.algorithms import collectives as alg
-from pytest_collectives.algorithms import registry
-from pytest_collectives.conformance import properties
-from pytest_collectives.conformance.cases import (
+from pytest_collectives import (
     EDGE_SIZES,
+    examples,
     movements,
     of_the_algorithm,
+    properties,
     reductions,
     registered,
+    registry,
 )
+from pytest_collectives import collectives as alg
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 

@@ -10,16 +10,16 @@ import torch
 from hypothesis import strategies as st
 
 import pytest_collectives
-from pytest_collectives.conformance import capabilities as caps
-from pytest_collectives.conformance import training
-from pytest_collectives.conformance.training import (
+from pytest_collectives import (
     FSDP2,
     STACKS,
     TENSOR_PARALLEL,
     FunctionalCall,
     Redistribution,
+    item_parameter,
+    training,
 )
-from pytest_collectives.execution.session import item_parameter
+from pytest_collectives import capabilities as caps
 
 pytestmark = [pytest.mark.conformance, pytest.mark.training]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_collectives.execution.session import settings_of, world_sizes_of
+from pytest_collectives import settings_of, world_sizes_of
 
 SENTINEL = 0xA5
 # Knuth's multiplicative hash of the word index: neighbouring words differ in every byte, so data landing

@@ -10,12 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pytest_collectives.algorithms import collectives as alg
-from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import Values
-from pytest_collectives.conformance import properties
-from pytest_collectives.conformance.capabilities import NO_OP, REDUCTIONS, refusal
-from pytest_collectives.conformance.cases import Case, registered
+from pytest_collectives import NO_OP, REDUCTIONS, Case, Values, properties, refusal, registered, registry
+from pytest_collectives import collectives as alg
 
 ALL_REDUCES = {
     "all_reduce": alg.all_reduce_direct,

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from copycheck import SENTINEL, assert_copied, pattern, sentinel
 
-from pytest_collectives.algorithms import collectives as alg
-from pytest_collectives.bench.timing import measure
+from pytest_collectives import collectives as alg
+from pytest_collectives import measure
 
 BASELINE_ROUNDS = 10
 MATMUL_N = 256

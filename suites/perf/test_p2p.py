@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from copycheck import assert_copied, largest_group, pattern, sentinel
 
-from pytest_collectives.bench.timing import measure
-from pytest_collectives.execution.ipc import share
+from pytest_collectives import measure, share
 
 LATENCY_BYTES = 4
 

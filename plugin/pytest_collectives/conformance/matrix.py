@@ -281,7 +281,7 @@ class CapabilityMatrix:
                 f"{count} failure(s) raised {like}'s refusal words ({line!r}), and {self.backend} declares "
                 f"no refusal words of its own, so they are failures, not N/A. If {self.backend} refuses "
                 f"these calls as {like} does, declare it in its backend module: "
-                f'refuses("{self.backend}", like="{like}") (pytest_collectives.conformance.capabilities)',
+                f'refuses("{self.backend}", like="{like}") (from pytest_collectives import refuses)',
                 yellow=True,
             )
         path = self.config.getoption("capability_json")
