@@ -206,3 +206,19 @@ def test_every_public_name_resolves_and_the_package_never_imports_itself_through
 
 def _public_names() -> set[str]:
     return {f"pytest_collectives:{name}" for name in pytest_collectives.__all__}
+
+
+def test_no_part_of_the_package_looks_another_up_by_name() -> None:
+    """The parts are made in one place (hooks.pytest_configure) and handed the parts they use: a lookup by
+    name (``get_plugin("collectives-...")``) is wiring no reader can follow, and how a conformance rule
+    once reached perf-only runs. pytest's own plugins (the terminal reporter) are looked up as pytest
+    documents."""
+    lookup = re.compile(r"get_plugin\(\s*[\"']collectives-")
+    sources = [*ROOT.rglob("*.py"), *(PROJECT / "suites").rglob("*.py")]
+    found = [
+        f"{path.relative_to(PROJECT)}:{number}"
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if lookup.search(line)
+    ]
+    assert not found, f"looked up by name: {found}"

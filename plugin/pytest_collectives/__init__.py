@@ -24,6 +24,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
             "outcome_on_ranks",
             "run_on_ranks",
             "settings_of",
+            "survives_a_crash",
             "world_sizes_of",
         )
     },

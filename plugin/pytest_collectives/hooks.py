@@ -21,6 +21,7 @@ from pytest_collectives.conformance.matrix import CapabilityMatrix
 from pytest_collectives.execution import options, spmd
 from pytest_collectives.execution import xdist as xdist_support
 from pytest_collectives.execution.session import (
+    SESSION,
     DistributedSession,
     Launcher,
     mentioned,
@@ -126,19 +127,29 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         launcher = spmd.SpmdLauncher(config, settings, env)
         config.pluginmanager.register(launcher, "collectives-spmd")  # its own hooks: rank 0 alone speaks
-    config.pluginmanager.register(DistributedSession(config, settings, launcher), "collectives-session")
+    # The parts are made here and handed the parts they use; each is registered for its own hooks only.
+    session = DistributedSession(config, settings, launcher)
+    config.stash[SESSION] = session
+    config.pluginmanager.register(session, "collectives-session")
     if xdist_support.worker(os.environ) is not None:
         # its matrix goes to the controller (xdist.XdistController), which reports for the session
         matrix = CapabilityMatrix(config, settings.backend, worker=True)
+        config.stash[probing.MATRIX] = matrix
         config.pluginmanager.register(matrix, "collectives-capabilities")
         return
     if env is not None and env.rank != 0:
         return  # one process compares, saves and reports for the session: rank 0 in SPMD mode
-    config.pluginmanager.register(CapabilityMatrix(config, settings.backend), "collectives-capabilities")
+    matrix = CapabilityMatrix(config, settings.backend)
+    config.stash[probing.MATRIX] = matrix
+    config.pluginmanager.register(matrix, "collectives-capabilities")
     if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
-        config.pluginmanager.register(xdist_support.XdistController(config), "collectives-xdist-controller")
+        controller = xdist_support.XdistController(session, matrix)
+        config.pluginmanager.register(controller, "collectives-xdist-controller")
     baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus, can_remeasure=env is None)
     config.pluginmanager.register(baseline_gate, "collectives-gate")
+    if isinstance(launcher, spmd.SpmdLauncher):
+        launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank
     if config.getoption("node_report"):
-        report = session_report.NodeReport(config, config.getoption("node_report"), settings.gpus)
+        directory = config.getoption("node_report")
+        report = session_report.NodeReport(config, directory, settings.gpus, baseline_gate, matrix)
         config.pluginmanager.register(report, "collectives-node-report")

@@ -20,6 +20,7 @@ from pytest_collectives import (
     probing,
     run_on_ranks,
     settings_of,
+    survives_a_crash,
 )
 
 
@@ -27,7 +28,7 @@ from pytest_collectives import (
 @pytest.mark.parametrize("operation", mismatches.OPERATIONS)
 def test_a_mismatch_between_ranks_is_detected_or_reported_silent(request, operation, kind):
     config = request.config
-    if config.pluginmanager.get_plugin("collectives-spmd") is not None:
+    if not survives_a_crash(config):
         pytest.skip("N/A under torchrun: a rank the mismatch crashes ends the job; run it pooled")
     world_size = mismatches.world_size_for(settings_of(config).world_sizes)
     if world_size is None:
@@ -40,9 +41,7 @@ def test_a_mismatch_between_ranks_is_detected_or_reported_silent(request, operat
         config, world_size, mismatches.call, mismatches.DEADLINE_S, operation=operation, kind=kind
     )
     behaviour = mismatches.behaviour(outcome)
-    matrix = config.pluginmanager.get_plugin("collectives-capabilities")
-    if matrix is not None:
-        matrix.add_mismatch(operation, kind, world_size, behaviour)
+    mismatches.record(config, operation, kind, world_size, behaviour)
     print(f"{operation}, {kind} differing at {world_size} ranks: {behaviour}")
     sums = run_on_ranks(config, world_size, mismatches.healthy_sum)
     assert sums == [world_size] * world_size, f"after {operation}'s {kind} mismatch ({behaviour}): {sums}"

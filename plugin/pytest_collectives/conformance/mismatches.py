@@ -16,6 +16,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
+from pytest_collectives.conformance import probing
 from pytest_collectives.execution.messages import FAILED
 from pytest_collectives.execution.outcome import CRASHED, HUNG, GroupOutcome, last_words
 
@@ -69,6 +72,13 @@ def behaviour(outcome: GroupOutcome) -> str:
         how = f"crashed ({lines[0] if lines else 'no exit reason'}): {how}"
     how = re.sub(r"\s+", " ", how)[:200]
     return f"{DETECTED}: rank {first.rank} {how}"
+
+
+def record(config: pytest.Config, operation: str, kind: str, world_size: int, behaviour: str) -> None:
+    """Hand what ``operation`` did with a mismatch of ``kind`` to the session's capability matrix (none on
+    an SPMD rank other than 0), which reports it beside the cells."""
+    if (matrix := config.stash.get(probing.MATRIX, None)) is not None:
+        matrix.add_mismatch(operation, kind, world_size, behaviour)
 
 
 def world_size_for(world_sizes: tuple[int, ...]) -> int | None:

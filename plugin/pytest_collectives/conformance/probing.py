@@ -30,6 +30,9 @@ MARKERS = (
 )
 
 _PROBED = pytest.StashKey[dict[int, "Capabilities"]]()  # per world size, for this session
+# The session's conformance.matrix.CapabilityMatrix, handed over when pytest configures (hooks); none on an
+# SPMD rank other than 0, which reports nothing.
+MATRIX = pytest.StashKey[Any]()
 
 
 @pytest.fixture(scope="session")
@@ -52,8 +55,7 @@ def probed(config: pytest.Config, world_size: int) -> Capabilities:
         withheld = known_bugs.withheld(config, answers[0].backend, world_size)
         semantics = _agreed_semantics([answer.semantics for answer in answers])
         found[world_size] = dataclasses.replace(answers[0].withholding(withheld), semantics=semantics)
-        matrix = config.pluginmanager.get_plugin("collectives-capabilities")
-        if matrix is not None:
+        if (matrix := config.stash.get(MATRIX, None)) is not None:
             matrix.add_probe(found[world_size])
     return found[world_size]
 
@@ -101,7 +103,6 @@ def _with_training_rows(request: pytest.FixtureRequest, found: Capabilities) -> 
         answers = run_on_ranks(request.config, found.world_size, training.probe_rows)
         found.cells.update(answers[0])
         done.add(found.world_size)
-        matrix = request.config.pluginmanager.get_plugin("collectives-capabilities")
-        if matrix is not None:
+        if (matrix := request.config.stash.get(MATRIX, None)) is not None:
             matrix.add_probe(found)
     return found

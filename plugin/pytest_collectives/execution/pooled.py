@@ -23,6 +23,8 @@ def oversubscribed(cores: int) -> str:
 
 
 class PooledLauncher:
+    survives_a_crash = True
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._pool: Any = None

@@ -92,16 +92,21 @@ def pg(world_size: int) -> OnRanks:
     return OnRanks(world_size)
 
 
+# The session's DistributedSession, handed to the config when pytest configures (hooks.pytest_configure): how
+# the functions below, which a suite calls with its config, reach it.
+SESSION = pytest.StashKey["DistributedSession"]()
+
+
 def settings_of(config: pytest.Config) -> options.Settings:
     """The resolved options of this session, for suites that size their parameters by them."""
-    return config.pluginmanager.get_plugin("collectives-session").settings
+    return config.stash[SESSION].settings
 
 
 def run_on_ranks(config: pytest.Config, world_size: int, fn: Callable[..., Any], **kwargs: Any) -> list[Any]:
     """Call ``fn(pg=..., **kwargs)`` on every rank of a ``world_size`` group and return what each rank
     returned, in rank order: how a suite asks the live group a question (what its backend supports)
     before it draws examples. ``fn`` must be a module-level function; a failure on any rank raises."""
-    return config.pluginmanager.get_plugin("collectives-session").run_on_ranks(world_size, fn, kwargs)
+    return config.stash[SESSION].run_on_ranks(world_size, fn, kwargs)
 
 
 def outcome_on_ranks(
@@ -110,8 +115,13 @@ def outcome_on_ranks(
     """``run_on_ranks``' call, its outcome returned whatever it is, a rank's failure, crash or hang (after
     ``timeout_s``, by default --dist-timeout) included: for a question whose answer is how the ranks end
     (conformance.mismatches). A group left unfit is replaced before the next call, as after a test."""
-    session = config.pluginmanager.get_plugin("collectives-session")
-    return session.outcome_on_ranks(world_size, fn, kwargs, timeout_s)
+    return config.stash[SESSION].outcome_on_ranks(world_size, fn, kwargs, timeout_s)
+
+
+def survives_a_crash(config: pytest.Config) -> bool:
+    """Whether this session goes on after a rank crashes (pooled groups), or ends (torchrun, srun): for a
+    test whose question may crash a rank."""
+    return config.stash[SESSION].launcher.survives_a_crash
 
 
 def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[Any, ...]:
@@ -278,6 +288,10 @@ class Launcher(Protocol):
 
     PooledLauncher (pooled.py) forks worker groups from this pytest; SpmdLauncher (spmd.py) is this pytest
     as one rank of a world torchrun or srun started. Everything else is DistributedSession's, once."""
+
+    # Whether the session goes on after a rank crashes: a pooled group is replaced, while in SPMD mode
+    # the crashed rank was one of the job's own processes.
+    survives_a_crash: bool
 
     def size_limit(self, metafunc: pytest.Metafunc) -> tuple[int | None, str]:
         """The most ranks a group can have for this test, and why a bigger size is skipped ({n}: the size)."""

@@ -298,8 +298,11 @@ class SpmdLauncher:
     """The launcher when pytest runs as one process per rank; also a plugin for what only SPMD needs
     (rank 0 alone speaks, every rank collects the same tests, no rank is left behind at the end)."""
 
+    survives_a_crash = False
+
     def __init__(self, config: pytest.Config, settings: options.Settings, env: SpmdEnv) -> None:
         self.config, self.settings, self.env = config, settings, env
+        self.gate: Any = None  # rank 0's gate.plugin.BaselineGate, handed over by hooks once it exists
         # The real stderr, kept now (pytest's capture is suspended during configure): while a test runs,
         # fd 2 goes to pytest's capture file, which a rank that exits on a hang never prints.
         self.stderr = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
@@ -392,9 +395,8 @@ class SpmdLauncher:
         ids = [item.nodeid for item in session.items]
         digest = hashlib.blake2b("\n".join(ids).encode(), digest_size=16).hexdigest()
         # Rank 0's gate has read the baseline by now (its hook runs first): a bad one stops every rank.
-        gate = self.config.pluginmanager.get_plugin("collectives-gate")
         gathered = self._all_gather(
-            (digest, getattr(gate, "error", None)), "comparing the collected tests", START_TIMEOUT_S
+            (digest, getattr(self.gate, "error", None)), "comparing the collected tests", START_TIMEOUT_S
         )
         if len({d for d, _ in gathered}) > 1:
             message = first_difference(

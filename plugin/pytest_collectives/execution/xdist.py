@@ -81,16 +81,17 @@ class XdistWorker:
 class XdistController:
     """On the controller of an xdist run: adds each worker's counts and matrix to its own."""
 
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
+    def __init__(self, session: Any, matrix: Any) -> None:
+        """``session`` (execution.session.DistributedSession) counts the calls; ``matrix``
+        (conformance.matrix.CapabilityMatrix) merges each worker's."""
+        self.session, self.matrix = session, matrix
 
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         output = getattr(node, "workeroutput", {})
-        session = self.config.pluginmanager.get_plugin("collectives-session")
+        session = self.session
         for n, count in output.get("collectives_calls", {}).items():
             session.calls[int(n)] = session.calls.get(int(n), 0) + count
         if "collectives_summary" in output:
             session.workers.append(f"{node.gateway.id}: {output['collectives_summary']}")
-        matrix = self.config.pluginmanager.get_plugin("collectives-capabilities")
-        if matrix is not None and "collectives_matrix" in output:
-            matrix.merge(output["collectives_matrix"])
+        if "collectives_matrix" in output:
+            self.matrix.merge(output["collectives_matrix"])

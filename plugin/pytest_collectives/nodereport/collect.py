@@ -148,8 +148,10 @@ def extension_checks(answers: list[Mapping[str, Sequence[Mapping[str, Any]]] | N
 
 
 class NodeReport:
-    def __init__(self, config: pytest.Config, directory: str, gpus: int) -> None:
-        self.config = config
+    def __init__(self, config: pytest.Config, directory: str, gpus: int, gate: Any, matrix: Any) -> None:
+        """``gate`` (gate.plugin.BaselineGate) holds the machine and the baseline's verdicts; ``matrix``
+        (conformance.matrix.CapabilityMatrix) the conformance run's cells."""
+        self.config, self.gate, self.matrix = config, gate, matrix
         self.directory = Path(directory)
         if self.directory.exists() and not self.directory.is_dir():
             raise pytest.UsageError(f"--node-report {directory}: is a file; name a folder to write into")
@@ -171,7 +173,7 @@ class NodeReport:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         # What cannot be read of the topology is a usage error before the tests, not a crash after them.
-        self.config.pluginmanager.get_plugin("collectives-gate").machine()
+        self.gate.machine()
 
     @pytest.hookimpl(trylast=True)  # after the gate has compared with the baseline
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -180,7 +182,7 @@ class NodeReport:
         from pytest_collectives.nodereport.write import write_report
         from pytest_collectives.topology.machine import link_class, topology_id
 
-        gate_plugin = self.config.pluginmanager.get_plugin("collectives-gate")
+        gate_plugin = self.gate
         fingerprint = gate_plugin.machine()
         results = gate.collect_results(self.config)
         cpu = fingerprint.kind == "cpu"
@@ -230,8 +232,7 @@ class NodeReport:
 
     def _capabilities(self) -> dict[str, Any] | None:
         """The conformance suites' capability matrix, where a conformance test probed a group."""
-        matrix = self.config.pluginmanager.get_plugin("collectives-capabilities")
-        return matrix.document() if matrix is not None and matrix.reports() else None
+        return self.matrix.document() if self.matrix.reports() else None
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.written:
