@@ -30,6 +30,7 @@ from pytest_collectives.execution.session import (
     world_size,
 )
 from pytest_collectives.gate import plugin as gate
+from pytest_collectives.gate import settings as gate_settings
 from pytest_collectives.nodereport import collect as session_report
 
 __all__ = ["pg", "world_size"]  # the fixtures, found here by pytest
@@ -145,7 +146,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
         controller = xdist_support.XdistController(session, matrix)
         config.pluginmanager.register(controller, "collectives-xdist-controller")
-    baseline_gate = gate.BaselineGate(config, settings.backend, settings.gpus, can_remeasure=env is None)
+    baseline_gate = gate.BaselineGate(
+        config, gate_settings.read(config), settings.backend, settings.gpus, can_remeasure=env is None
+    )
     config.pluginmanager.register(baseline_gate, "collectives-gate")
     if isinstance(launcher, spmd.SpmdLauncher):
         launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank

@@ -21,6 +21,7 @@ import pytest
 
 from pytest_collectives.bench import shim as benchmark_shim
 from pytest_collectives.gate import report as gate_report
+from pytest_collectives.gate.settings import GateSettings
 from pytest_collectives.gate.statistics import (
     DEFAULT_THRESHOLD,
     DEFAULT_TOLERANCE,
@@ -103,19 +104,6 @@ def collect_results(config: pytest.Config) -> dict[str, BenchmarkEntry]:
     return results
 
 
-def _fraction(flag: str, text: str, upper: float | None, closed: bool = False) -> float:
-    """``text`` as a fraction in (0, upper), or in [0, upper] when ``closed``; else a usage error."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    inside = 0 <= value <= upper if closed and upper else 0 < value and (upper is None or value < upper)
-    if not inside or value == float("inf"):
-        bound = f"between 0 and {upper:g}" if upper else "above 0"
-        raise pytest.UsageError(f"{flag} {text}: expected a fraction {bound}, e.g. 0.1")
-    return value
-
-
 def _names(names: list[str]) -> str:
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
     return ", ".join(names[:SHOWN]) + more
@@ -142,29 +130,14 @@ _DIMENSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class BaselineGate:
-    def __init__(self, config: pytest.Config, backend: str, gpus: int, can_remeasure: bool = True) -> None:
-        self.config = config
+    def __init__(
+        self, config: pytest.Config, settings: GateSettings, backend: str, gpus: int, can_remeasure: bool
+    ) -> None:
+        self.config, self.settings = config, settings
         self.backend, self.gpus = backend, gpus
         self.can_remeasure = can_remeasure  # under torchrun/srun every rank would have to rerun the test
-        opt = config.getoption
-        self.min_effect = _fraction("--regression-threshold", str(opt("regression_threshold")), 1)
-        tolerance = opt("machine_tolerance")
-        self.tolerance = None if tolerance is None else _fraction("--machine-tolerance", str(tolerance), None)
-        self.min_judged = _fraction("--min-judged", str(opt("min_judged")), 1, closed=True)
-        keep = str(opt("baseline_keep"))
-        if not keep.isdigit() or int(keep) < 1:
-            raise pytest.UsageError(f"--baseline-keep {keep}: expected a whole number of runs >= 1, e.g. 5")
-        self.keep = int(keep)
-        if opt("baseline_overwrite") and not opt("baseline_save"):
-            raise pytest.UsageError("--baseline-overwrite only makes sense with --baseline-save")
-        self.root = config.rootpath / (config.getini("baseline_dir") or "baselines")
-        explicit = opt("baseline")
-        if explicit and (explicit.endswith(".json") or Path(explicit).exists()):
-            # A named file is checked before the benchmarks run, not after they took their minutes.
-            try:
-                load_baseline(explicit if not Path(explicit).is_dir() else Path(explicit) / "baseline.json")
-            except BaselineError as exc:
-                raise pytest.UsageError(f"--baseline {explicit}: {exc}") from None
+        self.min_effect, self.tolerance = settings.min_effect, settings.tolerance
+        self.min_judged, self.keep, self.root = settings.min_judged, settings.keep, settings.root
         self.lines: list[str] = []
         self.result: GateResult | None = None
         self.statistic = "min"  # of each benchmark's rounds: set from the baseline when judged
@@ -192,24 +165,23 @@ class BaselineGate:
 
     def _resolve(self) -> None:
         """Detect the topology, find its baseline (to save: check where it goes); raises BaselineError."""
-        opt = self.config.getoption
+        settings = self.settings
         fingerprint = self.machine()
         self.looked_up = True
         self.name = baseline_name(
-            opt("baseline_name"), self.config.hook.pytest_collectives_baseline_key(config=self.config)
+            settings.name, self.config.hook.pytest_collectives_baseline_key(config=self.config)
         )
-        if opt("baseline_save"):
-            check_saveable(self.root, fingerprint, opt("baseline_overwrite"), self.name)
-        if self._judging_first():
-            self.resolved = resolve_baseline(self.root, fingerprint, opt("baseline"), self.name)
+        if settings.save:
+            check_saveable(self.root, fingerprint, settings.overwrite, self.name)
+        if settings.judging_first:
+            self.resolved = resolve_baseline(self.root, fingerprint, settings.baseline, self.name)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         # A bad baseline is found before minutes of benchmarks run, not after them (in SPMD mode, rank 0
         # alone gates and tells the other ranks: SpmdLauncher.pytest_collection_finish).
-        opt = self.config.getoption
         self.benchmarks_selected = sum("benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
-        if opt("benchmark_skip", False) or opt("benchmark_disable", False) or not self.benchmarks_selected:
+        if self.settings.benchmark_skip or self.settings.benchmark_disable or not self.benchmarks_selected:
             return
         try:
             self._resolve()
@@ -229,32 +201,22 @@ class BaselineGate:
                 self._gate(session, results)
             except BaselineError as exc:
                 self.error = f"baseline error: {exc}"
-        elif not self.error and self._judging():
+        elif not self.error and self.settings.judging:
             self._no_silent_pass(f"no benchmark results to judge: {self._why_no_results()}")
         if self.error:
             self.lines.append(self.error)
             self.failed = True
         if self.failed:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if self.lines and self._judging_first():
+        if self.lines and self.settings.judging_first:
             self._write_reports()
 
-    def _judging_first(self) -> bool:
-        """Whether this run is judged: always, but for a --baseline-save without --fail-on-regression
-        (recording a machine known to be good); with both, a run is saved only if it passes."""
-        opt = self.config.getoption
-        return bool(opt("fail_on_regression")) or not opt("baseline_save")
-
-    def _judging(self) -> bool:
-        return bool(self.config.getoption("fail_on_regression")) and self.min_judged > 0
-
     def _why_no_results(self) -> str:
-        opt = self.config.getoption
-        if self.config.pluginmanager.hasplugin("dsession") or opt("numprocesses", None):
+        if self.config.pluginmanager.hasplugin("dsession") or self.settings.under_xdist:
             return "pytest-benchmark does not time under pytest-xdist; run the gate without -n"
-        if opt("benchmark_skip", False):
+        if self.settings.benchmark_skip:
             return "--benchmark-skip skipped every benchmark"
-        if opt("benchmark_disable", False):
+        if self.settings.benchmark_disable:
             return "--benchmark-disable ran every benchmark once, untimed"
         if not self.benchmarks_selected:
             return "no selected test takes the benchmark fixture (check -k, -m and the paths)"
@@ -270,7 +232,7 @@ class BaselineGate:
         """Under --fail-on-regression, a run that judged a sliver of the baseline must not pass as a whole."""
         armed = {name for name in set().union(*runs) if sum(name in run for run in runs) >= MIN_RUNS}
         judged, known = len(result.judged), len(armed)
-        if not armed or not self._judging() or judged >= self.min_judged * known:
+        if not armed or not self.settings.judging or judged >= self.min_judged * known:
             return
         self._no_silent_pass(
             f"this run judged {judged} of the baseline's {known} benchmarks ({judged / known:.0%}), "
@@ -281,14 +243,13 @@ class BaselineGate:
     def _gate(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
         if not self.looked_up:
             self._resolve()
-        if self._judging_first():
+        if self.settings.judging_first:
             self._judge(session, results)
-        if self.config.getoption("baseline_save"):
+        if self.settings.save:
             self._save(session, results)
 
     def _save(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
         """Add this run to the baseline, unless something says the machine was not good while it ran."""
-        opt = self.config.getoption
         why_not = (
             f"{session.testsfailed} test(s) failed"
             if session.testsfailed
@@ -302,7 +263,7 @@ class BaselineGate:
             )
             return
         path, runs = save_baseline(
-            self.root, self.fingerprint, results, opt("baseline_overwrite"), self.name, self.keep
+            self.root, self.fingerprint, results, self.settings.overwrite, self.name, self.keep
         )
         more = MIN_RUNS - runs
         armed = f"; the gate judges from {MIN_RUNS}: record {more} more" if more > 0 else ""
@@ -320,7 +281,6 @@ class BaselineGate:
 
     def _judge(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
         current = topology_id(self.machine())
-        opt = self.config.getoption
         if self.resolved is None:
             named = "" if self.name == DEFAULT_NAME else f", {self.name}.json"
             self._no_baseline(f"no baseline for this topology ({current}{named}) under {self.root}")
@@ -367,7 +327,7 @@ class BaselineGate:
         verdicts = [f"{len(regressions)} confirmed regression(s)"] if regressions else []
         verdicts += [f"{len(result.slow_families)} family slowdown(s)"] if result.slow_families else []
         verdicts += ["a machine-wide slowdown"] if result.machine_wide else []
-        if verdicts and opt("fail_on_regression"):
+        if verdicts and self.settings.fail_on_regression:
             self.lines.append(f"FAILED: {' and '.join(verdicts)} (--fail-on-regression)")
             self.failed = True
         elif verdicts:
@@ -387,7 +347,7 @@ class BaselineGate:
                 "--allow-missing-baseline says); repair it, or, if the change is meant, record its baseline "
                 "with --baseline-save"
             )
-            if self.config.getoption("fail_on_regression"):
+            if self.settings.fail_on_regression:
                 self.error = f"baseline error: {degraded}"
             else:
                 self.lines.append(f"DEGRADED? {degraded}")
@@ -398,10 +358,9 @@ class BaselineGate:
 
     def _unarmed(self, why: str) -> None:
         """No verdict is possible: under --fail-on-regression that is an error, unless opted out."""
-        opt = self.config.getoption
-        same = "<same arguments>" if not opt("baseline_save") else "<same arguments, no --fail-on-regression>"
+        same = "<same arguments>" if not self.settings.save else "<same arguments, no --fail-on-regression>"
         record = f"`pytest {same} --baseline-save` ({MIN_RUNS} times, on a machine known to be good)"
-        if opt("fail_on_regression") and not opt("allow_missing_baseline"):
+        if self.settings.fail_on_regression and not self.settings.allow_missing:
             self.error = (
                 f"baseline error: {why}, so nothing can be judged; record one with {record}, "
                 f"or pass --allow-missing-baseline for a first run"
@@ -523,7 +482,7 @@ class BaselineGate:
         if summary:
             with open(summary, "a", encoding="utf-8") as f:
                 f.write(text)
-        directory = self.config.getoption("gate_report")
+        directory = self.settings.report_dir
         if not directory:
             return
         data = gate_report.to_json(

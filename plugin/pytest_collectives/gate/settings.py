@@ -1,0 +1,88 @@
+"""The gate's options, read and checked once when pytest configures: a bad value is a one-line usage
+error before any benchmark runs, and the gate reads the result, never the raw options."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pytest_collectives.gate.store import BaselineError, load_baseline
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSettings:
+    fail_on_regression: bool
+    save: bool  # --baseline-save
+    overwrite: bool  # --baseline-overwrite
+    baseline: str | None  # --baseline: a topology id, a file or a folder
+    name: str  # --baseline-name
+    allow_missing: bool  # --allow-missing-baseline
+    report_dir: str | None  # --gate-report
+    min_effect: float  # --regression-threshold
+    tolerance: float | None  # --machine-tolerance; None: learnt from the baseline
+    min_judged: float  # --min-judged
+    keep: int  # --baseline-keep
+    root: Path  # the ini's baseline_dir, under the rootdir
+    benchmark_skip: bool = False  # pytest-benchmark's own, which leave nothing to judge
+    benchmark_disable: bool = False
+    under_xdist: bool = False  # -n: pytest-benchmark does not time there
+
+    @property
+    def judging_first(self) -> bool:
+        """Whether a run is judged: always, but for a --baseline-save without --fail-on-regression
+        (recording a machine known to be good); with both, a run is saved only if it passes."""
+        return self.fail_on_regression or not self.save
+
+    @property
+    def judging(self) -> bool:
+        """Whether a run with nothing to judge fails: under --fail-on-regression, unless --min-judged 0."""
+        return self.fail_on_regression and self.min_judged > 0
+
+
+def fraction(flag: str, text: str, upper: float | None, closed: bool = False) -> float:
+    """``text`` as a fraction in (0, upper), or in [0, upper] when ``closed``; else a usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    inside = 0 <= value <= upper if closed and upper else 0 < value and (upper is None or value < upper)
+    if not inside or value == float("inf"):
+        bound = f"between 0 and {upper:g}" if upper else "above 0"
+        raise pytest.UsageError(f"{flag} {text}: expected a fraction {bound}, e.g. 0.1")
+    return value
+
+
+def read(config: pytest.Config) -> GateSettings:
+    opt = config.getoption
+    keep = str(opt("baseline_keep"))
+    if not keep.isdigit() or int(keep) < 1:
+        raise pytest.UsageError(f"--baseline-keep {keep}: expected a whole number of runs >= 1, e.g. 5")
+    if opt("baseline_overwrite") and not opt("baseline_save"):
+        raise pytest.UsageError("--baseline-overwrite only makes sense with --baseline-save")
+    explicit = opt("baseline")
+    if explicit and (explicit.endswith(".json") or Path(explicit).exists()):
+        # A named file is checked before the benchmarks run, not after they took their minutes.
+        try:
+            load_baseline(explicit if not Path(explicit).is_dir() else Path(explicit) / "baseline.json")
+        except BaselineError as exc:
+            raise pytest.UsageError(f"--baseline {explicit}: {exc}") from None
+    tolerance = opt("machine_tolerance")
+    return GateSettings(
+        fail_on_regression=bool(opt("fail_on_regression")),
+        save=bool(opt("baseline_save")),
+        overwrite=bool(opt("baseline_overwrite")),
+        baseline=explicit,
+        name=opt("baseline_name"),
+        allow_missing=bool(opt("allow_missing_baseline")),
+        report_dir=opt("gate_report"),
+        min_effect=fraction("--regression-threshold", str(opt("regression_threshold")), 1),
+        tolerance=None if tolerance is None else fraction("--machine-tolerance", str(tolerance), None),
+        min_judged=fraction("--min-judged", str(opt("min_judged")), 1, closed=True),
+        keep=int(keep),
+        root=config.rootpath / (config.getini("baseline_dir") or "baselines"),
+        benchmark_skip=bool(opt("benchmark_skip", False)),
+        benchmark_disable=bool(opt("benchmark_disable", False)),
+        under_xdist=bool(opt("numprocesses", None)),
+    )
