@@ -48,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         flag = "--" + name.replace("_", "-")
         group.addoption(flag, dest=f"collectives_{name}", default=None, help=f"{help_text}; ini: {name}")
         parser.addini(name, help_text, default=default)
-    gate.addoptions(parser, group)
+    gate_settings.addoptions(parser, group)
     group.addoption(
         "--capability-json",
         metavar="PATH",

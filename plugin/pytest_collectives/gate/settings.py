@@ -1,14 +1,56 @@
-"""The gate's options, read and checked once when pytest configures: a bad value is a one-line usage
-error before any benchmark runs, and the gate reads the result, never the raw options."""
+"""The gate's options: declared here, read and checked once when pytest configures (a bad value is a
+one-line usage error before any benchmark runs), and the gate reads the result, never the raw options."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_collectives.gate.store import BaselineError, load_baseline
+from pytest_collectives.gate.statistics import DEFAULT_THRESHOLD, DEFAULT_TOLERANCE, MIN_RUNS
+from pytest_collectives.gate.store import DEFAULT_NAME, KEEP_RUNS, BaselineError, load_baseline
+
+DEFAULT_MIN_JUDGED = 0.5
+
+OPTIONS = (
+    ("--baseline-save", {"action": "store_true", "help": "add this run to the baseline of this machine's "
+                         f"topology (keeps the last --baseline-keep runs; the gate judges from {MIN_RUNS})"}),
+    ("--baseline-keep", {"metavar": "N", "default": str(KEEP_RUNS),
+                         "help": f"runs a baseline keeps (default {KEEP_RUNS})"}),
+    ("--baseline-overwrite", {"action": "store_true", "help": "with --baseline-save: start the baseline "
+                              "afresh with this run (also replaces an unreadable or old-format file)"}),
+    ("--baseline-name", {"metavar": "NAME", "default": DEFAULT_NAME,
+                         "help": "keep configurations of one topology apart: its baseline is "
+                         f"<topology-id>/NAME.json (default {DEFAULT_NAME}), plus the dimensions the "
+                         "pytest_collectives_baseline_key hook adds"}),
+    ("--baseline", {"metavar": "PATH|ID", "help": "compare with this baseline file or topology id "
+                    "instead of the detected topology's"}),
+    ("--fail-on-regression", {"action": "store_true", "help": "CI mode: fail the session on a confirmed "
+                              "regression or a machine-wide slowdown, and when there is no baseline to "
+                              "judge by (unless --allow-missing-baseline)"}),
+    ("--allow-missing-baseline", {"action": "store_true", "help": "with --fail-on-regression: pass when "
+                                  f"this topology has no baseline of {MIN_RUNS} runs yet (a first run)"}),
+    ("--regression-threshold", {"metavar": "FRACTION", "default": str(DEFAULT_THRESHOLD),
+                                "help": "the slowdown of one benchmark the gate promises to catch where its "
+                                "spread allows (default 0.10 = 10%%)"}),
+    ("--machine-tolerance", {"metavar": "FRACTION",
+                             "help": "how much slower than the baseline a machine of this topology may run "
+                             "across all benchmarks before that is a machine-wide slowdown (default: learned "
+                             "from how far the baseline's sittings differ, at least 3%%; "
+                             f"{DEFAULT_TOLERANCE} while it holds one sitting)"}),
+    ("--min-judged", {"metavar": "FRACTION", "default": str(DEFAULT_MIN_JUDGED),
+                      "help": "with --fail-on-regression: the share of the baseline's benchmarks a run must "
+                      "judge, else it fails (default 0.5); 0 lets a run with no benchmark results pass"}),
+    ("--gate-report", {"metavar": "DIR", "help": "write the verdict as gate.json and gate.md into DIR"}),
+)  # fmt: skip
+
+
+def addoptions(parser: pytest.Parser, group: Any) -> None:
+    for flag, kwargs in OPTIONS:
+        group.addoption(flag, **kwargs)
+    parser.addini("baseline_dir", "where per-topology baselines live (default: baselines/ under the rootdir)")
 
 
 @dataclasses.dataclass(frozen=True)
