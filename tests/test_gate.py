@@ -12,6 +12,9 @@ import pytest
 
 from pytest_collectives.topology.machine import Fingerprint, detect, topology_id
 
+# The gate's verdicts judge real timings, which a test beside it under -n would skew.
+pytestmark = pytest.mark.alone
+
 # The benchmarked op is dominated by a fixed sleep, and the gate is asked for a 50% effect, so that a busy CI
 # machine can't fake a regression (a rerun's median moves by 5-10% there); PLANTED_DELAY_S, read by the
 # ranks, is the planted slowdown: 3x. The rule itself is measured on synthetic samples in test_regression.py.

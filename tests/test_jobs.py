@@ -7,6 +7,9 @@ import pytest
 from docblocks import block_of, commands, pytest_args, unshown
 from helpers import copy_checkout
 
+# The gate's verdicts judge real timings, which a test beside it under -n would skew.
+pytestmark = pytest.mark.alone
+
 # The registered algorithms' benchmarks probe their group's capabilities, as a conformance test does: the
 # perf run that once failed on a healthy machine ("conformance checked nothing"): two algorithms at 4 and
 # 64 KiB (the sweep's option --max-bytes shortens it).
