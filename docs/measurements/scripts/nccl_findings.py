@@ -30,11 +30,15 @@ def premul(dtype: torch.dtype, factor: float, tensor_factor: bool) -> list:
     return x.cpu().tolist()
 
 
-def premul_reduce_scatter(dtype: torch.dtype, factor: float) -> str:
-    """reduce_scatter with PREMUL_SUM at one rank: the factor must scale the one part (suites: left out)."""
+def premul_reduce_scatter(dtype: torch.dtype, factor: float, single: bool) -> str:
+    """reduce_scatter (``single``: reduce_scatter_tensor) with PREMUL_SUM at one rank: the factor must
+    scale the one part (suites: left out of both)."""
     x = torch.tensor([1.0, 2.0, 3.0], device="cuda").to(dtype)
     output = torch.zeros_like(x)
-    dist.reduce_scatter(output, [x], op=dist._make_nccl_premul_sum(factor))
+    if single:
+        dist.reduce_scatter_tensor(output, x, op=dist._make_nccl_premul_sum(factor))
+    else:
+        dist.reduce_scatter(output, [x], op=dist._make_nccl_premul_sum(factor))
     expected = (x.double() * factor).to(dtype)
     return f"{output.cpu().tolist()} (expected {expected.cpu().tolist()})"
 
@@ -189,7 +193,9 @@ def main() -> None:
                 kind = "tensor" if tensor_factor else "scalar"
                 show(f"premul_sum {dtype} [1,2,3] by {kind} {factor}", premul, dtype, factor, tensor_factor)
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
-        show(f"premul_sum reduce_scatter {dtype} [1,2,3] by scalar 2.0", premul_reduce_scatter, dtype, 2.0)
+        for single, name in ((False, "reduce_scatter"), (True, "reduce_scatter_tensor")):
+            what = f"premul_sum {name} {dtype} [1,2,3] by scalar 2.0"
+            show(what, premul_reduce_scatter, dtype, 2.0, single)
     for count in (65536, 65537, 1 << 20):
         show(f"premul_sum all_reduce of {count} float64 by 2.0", premul_tail, count, torch.float64, 2.0)
     work = dist.all_reduce(torch.ones(2, device="cuda"), async_op=True)
