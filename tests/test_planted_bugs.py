@@ -247,16 +247,20 @@ def test_the_unmutated_copy_passes(pytester: pytest.Pytester, tmp_path: Path) ->
         )
 
 
-# gloo refuses PREMUL_SUM, so the suite's PREMUL_SUM test is run on a gloo group of one with PREMUL_SUM
-# planted: a SUM, then the factor applied (what PREMUL_SUM is at one rank), right or wrong in one way per
-# mode, each mode as a bug NCCL shipped or one beside it. Printed: each (mode, operation, dtype)'s failure.
+# gloo refuses PREMUL_SUM (and before torch 2.3 reduce_scatter), so the suite's PREMUL_SUM test is run at
+# one rank on calls planted in torch.distributed: a SUM of one rank (its input), then the factor applied,
+# which is what PREMUL_SUM is there, right or wrong in one way per mode, each mode a bug NCCL shipped or
+# one beside it. Printed: each (mode, operation, dtype)'s failure.
 PREMUL_PLANTED = """
 import json, sys, types, torch, torch.distributed as dist
 sys.path.insert(0, sys.argv[1])
 import test_all_reduce as suite
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-names = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
-real = {name: getattr(dist, name) for name in names}
+SUM_OF_ONE_RANK = {
+    "all_reduce": lambda tensor, **kwargs: None,
+    "reduce": lambda tensor, dst, **kwargs: None,
+    "reduce_scatter": lambda out, parts, **kwargs: out.copy_(parts[0]),
+    "reduce_scatter_tensor": lambda out, tensor, **kwargs: out.copy_(tensor),
+}
 dist._make_nccl_premul_sum = lambda f: float(f.item() if torch.is_tensor(f) else f)
 MODE = None
 
@@ -274,11 +278,11 @@ def applied(name, out, factor):
 
 def planted(name):
     def call(out, *args, op, **kwargs):
-        real[name](out, *args, op=dist.ReduceOp.SUM, **kwargs)
+        SUM_OF_ONE_RANK[name](out, *args, **kwargs)
         applied(name, out, op)
     return call
 
-for name in real:
+for name in SUM_OF_ONE_RANK:
     setattr(dist, name, planted(name))
 pg = types.SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"), backend="gloo")
 found = {}
@@ -294,7 +298,7 @@ print(json.dumps(found))
 
 
 def test_premul_sum_test_tells_each_nccl_bug_from_any_other() -> None:
-    """Each of NCCL's three PREMUL_SUM bugs at one rank, planted on gloo, fails the suite's test of its own
+    """Each of NCCL's three PREMUL_SUM bugs at one rank, planted, fails the suite's test of its own
     cells only, in words its known-bugs entry explains; a right PREMUL_SUM passes every cell, and each
     entry explains nothing else: not another bug of its own cell (one element off as well), nor another
     bug of the factor in another cell."""
