@@ -95,8 +95,6 @@ class BaselineGate:
         self.config, self.settings = config, settings
         self.backend, self.gpus = backend, gpus
         self.can_remeasure = can_remeasure  # under torchrun/srun every rank would have to rerun the test
-        self.min_effect, self.tolerance = settings.min_effect, settings.tolerance
-        self.min_judged, self.keep, self.root = settings.min_judged, settings.keep, settings.root
         self.lines: list[str] = []
         self.result: GateResult | None = None
         self.statistic = "min"  # of each benchmark's rounds: set from the baseline when judged
@@ -131,9 +129,9 @@ class BaselineGate:
             settings.name, self.config.hook.pytest_collectives_baseline_key(config=self.config)
         )
         if settings.save:
-            check_saveable(self.root, fingerprint, settings.overwrite, self.name)
+            check_saveable(self.settings.root, fingerprint, settings.overwrite, self.name)
         if settings.judging_first:
-            self.resolved = resolve_baseline(self.root, fingerprint, settings.baseline, self.name)
+            self.resolved = resolve_baseline(self.settings.root, fingerprint, settings.baseline, self.name)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -191,12 +189,12 @@ class BaselineGate:
         """Under --fail-on-regression, a run that judged a sliver of the baseline must not pass as a whole."""
         armed = {name for name in set().union(*runs) if sum(name in run for run in runs) >= MIN_RUNS}
         judged, known = len(result.judged), len(armed)
-        if not armed or not self.settings.judging or judged >= self.min_judged * known:
+        if not armed or not self.settings.judging or judged >= self.settings.min_judged * known:
             return
         self._no_silent_pass(
             f"this run judged {judged} of the baseline's {known} benchmarks ({judged / known:.0%}), "
-            f"fewer than --min-judged {self.min_judged:g}; the others were not selected (-k, -m, paths), "
-            "skipped or failed"
+            f"fewer than --min-judged {self.settings.min_judged:g}; the others were not selected (-k, -m, "
+            "paths), skipped or failed"
         )
 
     def _gate(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
@@ -222,13 +220,18 @@ class BaselineGate:
             )
             return
         path, runs = save_baseline(
-            self.root, self.fingerprint, results, self.settings.overwrite, self.name, self.keep
+            self.settings.root,
+            self.fingerprint,
+            results,
+            self.settings.overwrite,
+            self.name,
+            self.settings.keep,
         )
         more = MIN_RUNS - runs
         armed = f"; the gate judges from {MIN_RUNS}: record {more} more" if more > 0 else ""
         self.lines.append(
             f"saved {len(results)} benchmark(s) as a run of the baseline of {topology_id(self.machine())}: "
-            f"{path} ({runs} run(s) kept of {self.keep}{armed})"
+            f"{path} ({runs} run(s) kept of {self.settings.keep}{armed})"
         )
         if runs > 1 and len(set(sittings(load_baseline(path).runs))) == 1:
             self.lines.append(
@@ -242,7 +245,7 @@ class BaselineGate:
         current = topology_id(self.machine())
         if self.resolved is None:
             named = "" if self.name == DEFAULT_NAME else f", {self.name}.json"
-            self._no_baseline(f"no baseline for this topology ({current}{named}) under {self.root}")
+            self._no_baseline(f"no baseline for this topology ({current}{named}) under {self.settings.root}")
             return
         base = self.resolved.baseline
         self.baseline_path = base.path
@@ -251,7 +254,7 @@ class BaselineGate:
         self.statistic = stat = judged_statistic(base.runs)
         runs = [{name: getattr(s, stat) for name, s in run.benchmarks.items()} for run in base.runs]
         now = {name: getattr(entry, stat) for name, entry in results.items()}
-        self.result = result = judge(runs, now, self.min_effect, self.tolerance, sittings(base.runs))
+        self.result = result = self._judged(runs, now, sittings(base.runs))
         self._check_coverage(runs, result)
         self.lines.append(
             f"compared with {base.path}: {len(base.runs)} run(s), recorded {base.runs[0].created} to "
@@ -292,10 +295,14 @@ class BaselineGate:
         elif verdicts:
             self.lines.append(f"{' and '.join(verdicts)}; report mode: add --fail-on-regression to gate")
 
+    def _judged(self, runs: list[dict[str, float]], now: dict[str, float], labels: list[int]) -> GateResult:
+        """The rule (statistics.judge) at this session's threshold and tolerance."""
+        return judge(runs, now, self.settings.min_effect, self.settings.tolerance, labels)
+
     def _no_baseline(self, why: str) -> None:
         """No baseline of this topology: what the nearest recorded machine says of this one. A node that
         lost hardware gets a new topology id, and must not pass as a machine never seen."""
-        near = nearest(recorded_fingerprints(self.root, self.name), self.machine())
+        near = nearest(recorded_fingerprints(self.settings.root, self.name), self.machine())
         if near is None:
             self._unarmed(why)
             return
@@ -346,7 +353,7 @@ class BaselineGate:
                 f"learned from the baseline's {machine.sittings} sittings, whose factors differ by "
                 f"{machine.spread:.1%}"
             )
-        elif self.tolerance is not None:
+        elif self.settings.tolerance is not None:
             source = "set by --machine-tolerance"
         else:
             source = (
@@ -425,7 +432,7 @@ class BaselineGate:
         result = dataclasses.replace(result, rows=rows)
         if not (result.slow_families or result.machine_wide):
             return result
-        kept = reconfirmed(result, judge(runs, {**now, **second}, self.min_effect, self.tolerance, labels))
+        kept = reconfirmed(result, self._judged(runs, {**now, **second}, labels))
         gone = [f"family {f.name}" for f in result.slow_families if f not in kept.slow_families]
         if result.machine_wide and not kept.machine_wide:
             gone.append(f"a machine-wide slowdown ({result.factor:.2f}x)")

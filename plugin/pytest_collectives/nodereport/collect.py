@@ -201,7 +201,7 @@ class NodeReport:
             "baseline": {
                 "available": gate_plugin.baseline_path is not None,
                 "path": str(gate_plugin.baseline_path) if gate_plugin.baseline_path else None,
-                "regression_threshold": 1 + gate_plugin.min_effect / 2,
+                "regression_threshold": 1 + gate_plugin.settings.min_effect / 2,
                 "rows": [
                     {
                         "benchmark": name,
