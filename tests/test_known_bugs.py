@@ -186,6 +186,16 @@ def test_the_suites_own_manifest_loads_and_names_tests_that_exist():
     assert bugs and set(named) <= names
 
 
+class Item:
+    """What KnownBug.matches reads of a collected test: its node id, names and world size parameter."""
+
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid, self.name = nodeid, nodeid.split("::")[-1]
+        self.originalname = self.name.split("[")[0]
+        size = re.search(r"\[ws(\d+)", nodeid)
+        self.callspec = type("Callspec", (), {"params": {"world_size": size and int(size[1])}})()
+
+
 def test_each_entry_of_the_suites_manifest_names_collected_tests_at_its_world_sizes():
     """A pattern that names no test (a parameter's id misspelt, an order of ids changed) would leave its
     bug unexpected on the backend it is seen on: every entry must mark a test the suites collect."""
@@ -197,14 +207,6 @@ def test_each_entry_of_the_suites_manifest_names_collected_tests_at_its_world_si
     )  # fmt: skip
     ids = [line for line in run.stdout.splitlines() if "::" in line]
     assert ids, run.stdout[-2000:] + run.stderr[-2000:]
-
-    class Item:
-        def __init__(self, nodeid: str) -> None:
-            self.nodeid, self.name = nodeid, nodeid.split("::")[-1]
-            self.originalname = self.name.split("[")[0]
-            size = re.search(r"\[ws(\d+)", nodeid)
-            self.callspec = type("Callspec", (), {"params": {"world_size": size and int(size[1])}})()
-
     items = [Item(nodeid) for nodeid in ids]
     unmatched = [b.test for b in bugs if not any(b.matches(item, b.backends[0]) for item in items)]
     assert not unmatched, f"entries that mark no collected test: {unmatched}"
@@ -214,12 +216,6 @@ def test_world_sizes_limit_an_entry_to_the_tests_at_those_sizes():
     """An entry with world_sizes marks a test only where its world size is listed: the bug seen at one
     rank is not expected of the same test at eight."""
     bug = KnownBug(("nccl",), "test_p", "AssertionError", "wrong", "one rank only", "bugs.json", (), (1,))
-
-    class Item:
-        name, originalname = "test_p[ws1-float32]", "test_p"
-
-        def __init__(self, world_size: int) -> None:
-            self.callspec = type("Callspec", (), {"params": {"world_size": world_size}})()
-
-    assert bug.matches(Item(1), "nccl")
-    assert not bug.matches(Item(8), "nccl") and not bug.matches(Item(1), "gloo")
+    one, eight = Item("t.py::test_p[ws1-float32]"), Item("t.py::test_p[ws8-float32]")
+    assert bug.matches(one, "nccl")
+    assert not bug.matches(eight, "nccl") and not bug.matches(one, "gloo")

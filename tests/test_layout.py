@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from docblocks import ALL
+
 import pytest_collectives
 
 ROOT = Path(pytest_collectives.__file__).parent
@@ -170,6 +172,10 @@ def _imports_of_the_package(source: str) -> list[str]:
     return found
 
 
+def _public_names() -> set[str]:
+    return {f"pytest_collectives:{name}" for name in pytest_collectives.__all__}
+
+
 def _not_public(imports: list[str]) -> list[str]:
     return [i for i in imports if i not in _public_names() | {"pytest_collectives"}]
 
@@ -177,9 +183,6 @@ def _not_public(imports: list[str]) -> list[str]:
 def test_the_suites_and_the_docs_use_only_the_public_api() -> None:
     """suites/ and the docs' Python blocks import the package only from its top level, names of its
     ``__all__``: a test of theirs that reaches into a subpackage is a private import a user would copy."""
-    sys.path.insert(0, str(PROJECT / "tests"))
-    from docblocks import ALL
-
     sources = {str(p.relative_to(PROJECT)): p.read_text() for p in sorted((PROJECT / "suites").rglob("*.py"))}
     sources |= {b.where: b.text for b in ALL if b.lang == "python"}
     imports = {where: _imports_of_the_package(text) for where, text in sources.items()}
@@ -202,10 +205,6 @@ def test_every_public_name_resolves_and_the_package_never_imports_itself_through
         if (names := [i for i in _imports_of_the_package(path.read_text()) if i in _public_names()])
     }
     assert not through, f"the package's own modules import through its top level: {through}"
-
-
-def _public_names() -> set[str]:
-    return {f"pytest_collectives:{name}" for name in pytest_collectives.__all__}
 
 
 def test_no_part_of_the_package_looks_another_up_by_name() -> None:
