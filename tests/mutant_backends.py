@@ -6,6 +6,8 @@ MAX alike on every rank), the suites passing and the semantics reported."""
 
 from __future__ import annotations
 
+import os
+import random
 import threading
 from typing import Any
 
@@ -13,6 +15,7 @@ import torch
 import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
 import torch.distributed as dist
 
+from pytest_collectives import backend_env_preset
 from pytest_collectives.conformance.refbackend import NcclRulesBackend, ReferenceBackend, register
 
 
@@ -444,6 +447,63 @@ class NanDroppedInMinMax(ReferenceBackend):
         return work
 
 
+class WrongUnderOneProtocol(ReferenceBackend):
+    """float32 all_reduce is off by one in its first element, only when the group started with
+    ACME_PROTO=LL128 (read once, as NCCL reads NCCL_PROTO when its communicator starts): NCCL's LL128 bugs'
+    shape (NVIDIA/nccl#740). Its module declares the preset acme-proto, as a vendor's would."""
+
+    name = "mutant_wrong_under_ll128"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.protocol = os.environ.get("ACME_PROTO", "Simple")
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        work = super().allreduce(tensors, opts)
+        if self.protocol == "LL128" and tensors[0].dtype == torch.float32 and tensors[0].numel():
+            work.wait()
+            tensors[0].view(-1)[0] += 1
+        return work
+
+
+class WrongAfterWear(ReferenceBackend):
+    """float32 all_reduce turns wrong (its first element off by one) once the rank has made ACME_WEAR_CALLS
+    of them: a node that fails only after a while under load (thermal, a link degrading). A short run
+    passes; a soak fails, and says when."""
+
+    name = "mutant_wrong_after_wear"
+    calls = 0  # the process's, over every group it made (a test's subgroups are new instances)
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        work = super().allreduce(tensors, opts)
+        if tensors[0].dtype == torch.float32 and tensors[0].numel():
+            WrongAfterWear.calls += 1
+            if WrongAfterWear.calls > int(os.environ.get("ACME_WEAR_CALLS", "100000")):
+                work.wait()
+                tensors[0].view(-1)[0] += 1
+        return work
+
+
+class WrongOnceInThousands(ReferenceBackend):
+    """float32 all_reduce is wrong (its first element off by one) in one call of ACME_ONE_IN (default 3000)
+    on average, at random: an intermittent corruption a single run seldom meets."""
+
+    name = "mutant_wrong_once_in_thousands"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.one_in = int(os.environ.get("ACME_ONE_IN", "3000"))
+        self.random = random.Random(os.urandom(8))
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        work = super().allreduce(tensors, opts)
+        hit = self.random.randrange(self.one_in) == 0
+        if hit and tensors[0].dtype == torch.float32 and tensors[0].numel():
+            work.wait()
+            tensors[0].view(-1)[0] += 1
+        return work
+
+
 def _sum_for_avg(opts: Any) -> Any:
     if opts.reduceOp == dist.ReduceOp.AVG:
         opts.reduceOp = dist.ReduceOp.SUM
@@ -476,5 +536,9 @@ MUTANTS = [
     WrongThenRefusing,
     RefusalLeavesGroupOpen,
     NanDroppedInMinMax,
+    WrongUnderOneProtocol,
+    WrongAfterWear,
+    WrongOnceInThousands,
 ]
 register(*MUTANTS)
+backend_env_preset("acme-proto", {"ACME_PROTO": ["LL", "LL128", "Simple"]})

@@ -10,6 +10,7 @@ import pytest
 from pytest_collectives.conformance.matrix import CapabilityMatrix, mismatch_lines
 from pytest_collectives.conformance.mismatches import behaviour, world_size_for
 from pytest_collectives.execution.outcome import CRASHED, HUNG, GroupOutcome, RankReport
+from pytest_collectives.execution.pool import last_words
 
 TRACEBACK = """Traceback (most recent call last):
   File "x.py", line 1, in call
@@ -60,3 +61,15 @@ def test_an_xdist_workers_mismatch_rows_reach_the_controllers_matrix():
     rows = controller.document()["mismatches"]
     assert rows == [{"operation": "broadcast", "kind": "shape", "world_size": 2, "behaviour": "silent"}]
     assert mismatch_lines(rows)[1:] == ["  broadcast: shape, returned on every rank"]
+
+
+def test_a_crash_keeps_the_abort_s_reason_before_deep_stacks() -> None:
+    """gloo's enforce message comes before faulthandler's dump of every thread: a dump longer than the
+    tail must not push it out of the rank's last words (a planted ring bug was judged on them)."""
+    stacks = "".join(f'  File "f{i}.py", line {i} in g\n' for i in range(80))
+    noise = "".join(f"noise {i}\n" for i in range(10))
+    stderr = f"{noise}{CRASH.split(chr(10), 2)[2]}\nThread 0x1 (most recent call first):\n{stacks}"
+    words = last_words(stderr)
+    assert "what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes" in words
+    assert "noise 0" not in words and len(words.splitlines()) < 40
+    assert last_words("a\nb\n") == "a\nb"

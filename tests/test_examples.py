@@ -166,7 +166,7 @@ def test_the_last_test_of_each_world_size_is_known() -> None:
         return types.SimpleNamespace(nodeid=nodeid, callspec=callspec)
 
     items = [item("a", 2), item("b", 2), item("c", None), item("d", 3), item("e", 2)]
-    assert last_of_each_size(items) == {"e": 2, "d": 3}  # type: ignore[arg-type]
+    assert last_of_each_size(items) == {"e": (2, ()), "d": (3, ())}  # type: ignore[arg-type]
 
 
 def test_each_test_knows_the_world_sizes_it_runs_at() -> None:

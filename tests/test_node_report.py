@@ -375,3 +375,26 @@ def test_a_report_without_conformance_tests_has_no_matrix_check(tmp_path):
     data["capabilities"] = {**capability_matrix(False), "cells": "all of them"}
     with pytest.raises(ReportError, match="capabilities.cells"):
         write_report(tmp_path, data)
+
+
+def test_a_sweep_of_backend_settings_is_in_the_report(tmp_path):
+    """Under --backend-env the matrix holds each configuration's cells and what differs between them: the
+    report validates, and its matrix check names the differences and a rejected configuration."""
+    data = cpu_data()
+    data["capabilities"] = matrix = capability_matrix(True)
+    matrix["configurations"] = [
+        {"backend_env": "NCCL_PROTO=LL", "cells": matrix["cells"][:2]},
+        {"backend_env": "NCCL_PROTO=LL128", "cells": matrix["cells"]},
+        {"backend_env": "NCCL_PROTO=Bad", "rejected": "RuntimeError: unknown protocol"},
+    ]
+    line = "all_gather_single_stacked float16 FAILs only with NCCL_PROTO=LL128 (PASS with NCCL_PROTO=LL)"
+    matrix["differences"] = [
+        {"operation": "all_gather_single_stacked", "dtype": "float16", "reduce_op": "-", "line": line,
+         "statuses": {"NCCL_PROTO=LL": "PASS", "NCCL_PROTO=LL128": "FAIL"}},
+    ]  # fmt: skip
+    report = read_json(write_report(tmp_path, data))
+    assert report["capabilities"] == matrix
+    check = next(c for c in report["checks"] if c["name"] == "capability matrix")
+    assert f"; 2 difference(s) between backend settings, first: {line}" in check["reason"]
+    rejected = "NCCL_PROTO=Bad: rejected (RuntimeError: unknown protocol)"
+    assert check["details"]["backend_settings"] == [line, rejected]

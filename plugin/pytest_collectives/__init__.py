@@ -41,6 +41,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     # a backend's declarations (its backend module)
     **{n: ("backends", n) for n in ("clean_after_a_raise", "keeps_state_after_a_raise")},
     "refuses": ("conformance.capabilities", "refuses"),
+    "backend_env_preset": ("execution.configurations", "backend_env_preset"),
     # conformance: what the backend supports, the cases drawn, the properties checked
     "capabilities": ("conformance.capabilities", None),
     **{

@@ -8,3 +8,7 @@ class OneLineError(ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message.replace("\n", "\\n"))
+
+
+class OptionError(ValueError):
+    """A bad option value; the message names the option and the fix."""

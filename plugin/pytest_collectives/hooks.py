@@ -17,8 +17,9 @@ import pytest
 
 from pytest_collectives.algorithms import registry
 from pytest_collectives.conformance import known_bugs, probing
+from pytest_collectives.conformance import settings as conformance_settings
 from pytest_collectives.conformance.matrix import CapabilityMatrix
-from pytest_collectives.execution import options, spmd
+from pytest_collectives.execution import configurations, options, soak, spmd
 from pytest_collectives.execution import xdist as xdist_support
 from pytest_collectives.execution.session import (
     SESSION,
@@ -46,28 +47,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("collectives", "distributed worker groups (pytest-collectives)")
     for name, help_text, default in options.OPTIONS:
         flag = "--" + name.replace("_", "-")
-        group.addoption(flag, dest=f"collectives_{name}", default=None, help=f"{help_text}; ini: {name}")
+        action = "append" if name in options.REPEATABLE else "store"
+        dest = f"collectives_{name}"
+        group.addoption(flag, dest=dest, action=action, default=None, help=f"{help_text}; ini: {name}")
         parser.addini(name, help_text, default=default)
     gate_settings.addoptions(parser, group)
-    group.addoption(
-        "--capability-json",
-        metavar="PATH",
-        help="write the conformance capability matrix (operation x dtype x reduce op) as JSON to PATH",
-    )
-    group.addoption(
-        "--known-bugs",
-        metavar="PATH",
-        action="append",
-        default=[],
-        help="a JSON manifest of known backend bugs (tests that are strict xfails on named backends); "
-        "repeatable; ini: known_bugs",
-    )
-    parser.addini("known_bugs", "JSON manifests of known backend bugs", type="paths", default=[])
-    group.addoption(
-        "--node-report",
-        metavar="DIR",
-        help="write a node validation report (report.html, report.json, plots) into DIR",
-    )
+    conformance_settings.addoptions(parser, group)
+    soak.addoptions(group)
+    session_report.addoptions(group)
 
 
 _KNOWN_BUGS = pytest.StashKey[list[known_bugs.KnownBug]]()
@@ -100,10 +87,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     config.pluginmanager.register(probing, "collectives-probing")  # its fixtures
     config.pluginmanager.register(known_bugs, "collectives-known-bugs")  # judges their failures
+    config.pluginmanager.register(configurations, "collectives-configurations")  # its fixture
     config.add_cleanup(registry.forget_session)
     values = {}
     for name, _, _ in options.OPTIONS:
         value = config.getoption(f"collectives_{name}")
+        if isinstance(value, list):  # a repeatable option's values, one a line as in the ini
+            value = "\n".join(value)
         values[name] = str(value if value is not None else config.getini(name)).strip()
     try:
         env = spmd.detect(os.environ)
@@ -116,11 +106,8 @@ def pytest_configure(config: pytest.Config) -> None:
         xdist_support.configure(config, settings, os.environ)
     except (options.OptionError, spmd.SpmdError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    manifests = [*config.getini("known_bugs"), *config.getoption("known_bugs")]
-    try:
-        config.stash[_KNOWN_BUGS] = [bug for path in manifests for bug in known_bugs.load(path)]
-    except known_bugs.ManifestError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    conformance = conformance_settings.read(config)
+    config.stash[_KNOWN_BUGS] = list(conformance.known_bugs)
     if env is None:
         from pytest_collectives.execution.pooled import PooledLauncher
 
@@ -132,15 +119,16 @@ def pytest_configure(config: pytest.Config) -> None:
     session = DistributedSession(config, settings, launcher)
     config.stash[SESSION] = session
     config.pluginmanager.register(session, "collectives-session")
+    soak_s = soak.requested(config, spmd_mode=env is not None)
     if xdist_support.worker(os.environ) is not None:
         # its matrix goes to the controller (xdist.XdistController), which reports for the session
-        matrix = CapabilityMatrix(config, settings.backend, worker=True)
+        matrix = CapabilityMatrix(config, settings.backend, conformance, worker=True)
         config.stash[probing.MATRIX] = matrix
         config.pluginmanager.register(matrix, "collectives-capabilities")
         return
     if env is not None and env.rank != 0:
         return  # one process compares, saves and reports for the session: rank 0 in SPMD mode
-    matrix = CapabilityMatrix(config, settings.backend)
+    matrix = CapabilityMatrix(config, settings.backend, conformance)
     config.stash[probing.MATRIX] = matrix
     config.pluginmanager.register(matrix, "collectives-capabilities")
     if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
@@ -150,6 +138,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config, gate_settings.read(config), settings.backend, settings.gpus, can_remeasure=env is None
     )
     config.pluginmanager.register(baseline_gate, "collectives-gate")
+    if soak_s:  # a drift beyond the gate's tolerance over the passes is a WARN
+        drift = baseline_gate.settings.tolerance or baseline_gate.settings.min_effect
+        config.pluginmanager.register(soak.Soak(config, soak_s, settings, session, drift), "collectives-soak")
     if isinstance(launcher, spmd.SpmdLauncher):
         launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank
     if config.getoption("node_report"):

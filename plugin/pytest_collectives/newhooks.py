@@ -17,6 +17,12 @@ def pytest_collectives_call_done(
     first that failed. Called in the process that runs the session (each rank's own under torchrun/srun)."""
 
 
+def pytest_collectives_configuration_rejected(configuration: str, words: str) -> None:
+    """The backend would not start a group in a configuration of ``--backend-env``
+    (``configuration``: ``NAME=VALUE+...``): its ranks raised, ``words`` the last line. Its tests are N/A.
+    Called each time a test meets it, in the process that runs the session."""
+
+
 def pytest_collectives_node_checks(config: pytest.Config) -> Mapping[str, Sequence[Mapping[str, Any]]] | None:
     """Extra checks for ``--node-report``, from a vendor's plugin or a conftest (a NIC, InfiniBand or
     firmware check): ``{namespace: [check, ...]}``, each check ``{"name", "status": "PASS" | "WARN" |

@@ -21,6 +21,8 @@ from pytest_collectives.atomic import write_atomic
 from pytest_collectives.conformance import known_bugs, rotation
 from pytest_collectives.conformance.mismatches import SILENT
 from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
+from pytest_collectives.conformance.settings import ConformanceSettings
+from pytest_collectives.execution import configurations
 from pytest_collectives.execution.examples import KNOWN as KNOWN_EXAMPLE
 
 if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
@@ -56,12 +58,21 @@ class _Tally:
 class CapabilityMatrix:
     """Collects probes and example verdicts over a session; a pytest plugin for its outputs."""
 
-    def __init__(self, config: pytest.Config, backend: str, worker: bool = False) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        backend: str,
+        settings: ConformanceSettings = ConformanceSettings(),  # noqa: B008 - frozen: one is as good as any
+        worker: bool = False,
+    ) -> None:
         self.config = config
+        self.settings = settings
         self.backend = backend
         self.worker = worker  # a pytest-xdist worker: hands its tallies to the controller, writes nothing
-        self.probes: dict[int, Capabilities] = {}
-        self.tallies: dict[Cell, _Tally] = {}
+        # keyed by configuration (--backend-env's id; "" in a plain run) and world size, or cell
+        self.probes: dict[tuple[str, int], Capabilities] = {}
+        self.tallies: dict[tuple[str, Cell], _Tally] = {}
+        self.rejected: dict[str, str] = {}  # configuration -> the backend's words refusing it
         # Conformance tests collected and selected: the matrix and its verdicts belong to runs that have
         # them. A perf-only run probes groups too (the registered algorithms' benchmarks), and must not
         # be judged, or even reported, as a conformance run.
@@ -72,8 +83,16 @@ class CapabilityMatrix:
         # the first such line) and how many (capabilities.resembles)
         self.resembling: dict[str, tuple[str, int]] = {}
 
-    def add_probe(self, capabilities: Capabilities) -> None:
-        self.probes[capabilities.world_size] = capabilities
+    def add_probe(self, capabilities: Capabilities, configuration: str = "") -> None:
+        self.probes[configuration, capabilities.world_size] = capabilities
+
+    def pytest_collectives_configuration_rejected(self, configuration: str, words: str) -> None:
+        self.rejected[configuration] = words
+
+    def configurations(self) -> list[str]:
+        """The configurations that ran (probed, or rejected), in the order they first did."""
+        seen = [c for c, _ in self.probes] + list(self.rejected)
+        return list(dict.fromkeys(seen))
 
     def add_mismatch(self, operation: str, kind: str, world_size: int, behaviour: str) -> None:
         """How ``operation`` ended with a ``kind`` (dtype, shape) differing between ranks (mismatches.py)."""
@@ -85,9 +104,10 @@ class CapabilityMatrix:
         if verdict not in ("passed", "failed", KNOWN_EXAMPLE):
             return
         bugs = known_bugs.expected(item)
+        configuration = configurations.of_item(item).id
         for value in kwargs.values():
             for cell in getattr(value, "cells", lambda: ())():
-                tally = self.tallies.setdefault(cell, _Tally())
+                tally = self.tallies.setdefault((configuration, cell), _Tally())
                 if verdict == "passed":
                     tally.passed += 1
                     tally.largest = max(tally.largest, getattr(value, "size", 0))
@@ -98,19 +118,30 @@ class CapabilityMatrix:
                     tally.failed += 1
                     tally.first_failure = tally.first_failure or f"{item.nodeid} ({world_size} ranks)"
 
-    def rows(self) -> list[dict[str, Any]]:
-        """One row per cell, probed or exercised, sorted: operation, dtype, reduce op, status, counts."""
-        cells = set(self.tallies)
-        for caps in self.probes.values():
+    def _of(self, configuration: str | None) -> tuple[dict[Cell, _Tally], list[Capabilities]]:
+        """The tallies (summed over configurations) and probes of one configuration, or of all (None)."""
+        tallies: dict[Cell, _Tally] = {}
+        for (where, cell), tally in self.tallies.items():
+            if configuration is None or where == configuration:
+                tallies[cell] = _added(tallies.get(cell, _Tally()), tally)
+        probes = [caps for (where, _), caps in self.probes.items() if configuration in (None, where)]
+        return tallies, probes
+
+    def rows(self, configuration: str | None = None) -> list[dict[str, Any]]:
+        """One row per cell, probed or exercised, sorted: operation, dtype, reduce op, status, counts; of
+        one configuration of --backend-env, or of the run (a cell FAIL in one configuration FAILs)."""
+        tallies, probes = self._of(configuration)
+        cells = set(tallies)
+        for caps in probes:
             cells.update(caps.cells)
         order = {name: i for i, name in enumerate(_dtype_names())}
         rows = []
         for cell in sorted(cells, key=lambda c: (c[0], c[2], order.get(c[1], 99), c[1])):
-            tally = self.tallies.get(cell, _Tally())
+            tally = tallies.get(cell, _Tally())
             # a cell only some world sizes have (a 2-D mesh) is judged where it exists
-            reasons = [caps.cells[cell] for caps in self.probes.values() if cell in caps.cells]
+            reasons = [caps.cells[cell] for caps in probes if cell in caps.cells]
             refused = [r for r in reasons if r]
-            withheld = [caps.withheld[cell] for caps in self.probes.values() if cell in caps.withheld]
+            withheld = [caps.withheld[cell] for caps in probes if cell in caps.withheld]
             known_bug = tally.known_bug or next(iter(withheld), "")
             if tally.failed:
                 status = FAIL
@@ -141,9 +172,17 @@ class CapabilityMatrix:
             "backend": self.backend,
             "backend_version": backend_version(self.backend),
             "torch": _torch().__version__,
-            "world_sizes": sorted(self.probes),
+            "world_sizes": sorted({n for _, n in self.probes}),
             "cells": rows,
         }
+        if self.configurations() != [""]:  # --backend-env: each configuration's cells, and what differs
+            each = {c: self.rows(c) for c in self.configurations() if c not in self.rejected}
+            doc["configurations"] = [
+                {"backend_env": c, "cells": each[c]} if c in each else {"backend_env": c, "rejected": words}
+                for c in self.configurations()
+                for words in [self.rejected.get(c, "")]
+            ]
+            doc["differences"] = differences(each)
         stacks = training_verdicts(rows)
         doc = {**doc, "training": stacks} if stacks else doc
         semantics = self.semantics()
@@ -158,7 +197,7 @@ class CapabilityMatrix:
         """What all_reduce made of NaN and +-inf, one row per (reduce op, value, dtype), over the world
         sizes probed (``capabilities.exceptional_semantics``)."""
         seen: dict[tuple[str, str, str, str], dict[int, str]] = {}
-        for n, caps in sorted(self.probes.items()):
+        for (_, n), caps in sorted(self.probes.items()):
             for key, behaviour in caps.semantics.items():
                 seen.setdefault(key, {})[n] = behaviour
         rows = []
@@ -209,6 +248,7 @@ class CapabilityMatrix:
         return {
             "probes": [
                 {
+                    "configuration": configuration,
                     "backend": c.backend,
                     "device_type": c.device_type,
                     "world_size": c.world_size,
@@ -216,9 +256,10 @@ class CapabilityMatrix:
                     "withheld": [[*cell, reason] for cell, reason in c.withheld.items()],
                     "semantics": [[*key, behaviour] for key, behaviour in c.semantics.items()],
                 }
-                for c in self.probes.values()
+                for (configuration, _), c in self.probes.items()
             ],
-            "tallies": [[*cell, dataclasses.asdict(t)] for cell, t in self.tallies.items()],
+            "tallies": [[where, *cell, dataclasses.asdict(t)] for (where, cell), t in self.tallies.items()],
+            "rejected": self.rejected,
             "selected": self.selected,
             "ran": self.ran,
             "mismatches": [[*key, behaviour] for key, behaviour in self.mismatches.items()],
@@ -235,16 +276,13 @@ class CapabilityMatrix:
             self.add_probe(
                 Capabilities(
                     probe["backend"], probe["device_type"], probe["world_size"], cells, withheld, semantics
-                )
+                ),
+                probe["configuration"],
             )
-        for operation, dtype, op, counts in exported["tallies"]:
-            tally = self.tallies.setdefault((operation, dtype, op), _Tally())
-            tally.passed += counts["passed"]
-            tally.failed += counts["failed"]
-            tally.known += counts["known"]
-            tally.largest = max(tally.largest, counts["largest"])
-            tally.first_failure = tally.first_failure or counts["first_failure"]
-            tally.known_bug = tally.known_bug or counts["known_bug"]
+        for where, operation, dtype, op, counts in exported["tallies"]:
+            key = (where, (operation, dtype, op))
+            self.tallies[key] = _added(self.tallies.get(key, _Tally()), _Tally(**counts))
+        self.rejected.update(exported["rejected"])
         self.selected = max(self.selected, exported["selected"])  # each worker collects the whole run
         self.ran += exported["ran"]
         self.mismatches.update(((o, k, n), b) for o, k, n, b in exported["mismatches"])
@@ -263,8 +301,19 @@ class CapabilityMatrix:
                 "the run fails",
                 red=True,
             )
-        for line in grid(doc, _MARK, sep=" "):
+        # a sweep's block per configuration (below) replaces the run's
+        for line in grid(doc, _MARK, sep=" ")[: 1 if "configurations" in doc else None]:
             terminalreporter.write_line(line)
+        for each in doc.get("configurations", []):
+            if "rejected" in each:
+                said = f"rejected by {self.backend} ({each['rejected']}); its tests N/A"
+                terminalreporter.write_line(f"with {each['backend_env']}: {said}")
+                continue
+            terminalreporter.write_line(f"with {each['backend_env']}:")
+            for line in grid({**doc, "cells": each["cells"]}, _MARK, sep=" ")[1:]:
+                terminalreporter.write_line("  " + line)
+        for row in doc.get("differences", []):
+            terminalreporter.write_line(row["line"], red=FAIL in row["statuses"].values())
         turn = rotation.taken(self.config)
         if turn is not None:
             terminalreporter.write_line(
@@ -276,6 +325,12 @@ class CapabilityMatrix:
             terminalreporter.write_line(f"{stack}: {verdict}", red=verdict.startswith(FAIL))
         for line in semantics_lines(doc.get("semantics", [])) + mismatch_lines(doc.get("mismatches", [])):
             terminalreporter.write_line(line)
+        if self.settings.before is not None:
+            changed = changes(self.settings.before, doc)
+            said = f"compared with {self.settings.compare_with}: {len(changed)} cell(s) changed"
+            terminalreporter.write_line(said + ":" * bool(changed))
+            for line in changed:
+                terminalreporter.write_line(f"  {line}", red="-> FAIL" in line)
         for like, (line, count) in self.resembling.items():
             terminalreporter.write_line(
                 f"{count} failure(s) raised {like}'s refusal words ({line!r}), and {self.backend} declares "
@@ -284,7 +339,7 @@ class CapabilityMatrix:
                 f'refuses("{self.backend}", like="{like}") (from pytest_collectives import refuses)',
                 yellow=True,
             )
-        path = self.config.getoption("capability_json")
+        path = self.settings.capability_json
         if path:
             write_atomic(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
             terminalreporter.write_line(f"capability matrix written to {path}")
@@ -292,6 +347,71 @@ class CapabilityMatrix:
         if summary:
             with open(summary, "a", encoding="utf-8") as out:
                 out.write(markdown(doc))
+
+
+def changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """One line per cell whose status changed from ``before`` to ``after`` (each a --capability-json
+    document), per configuration where both ran the same ones: "all_reduce float32 sum: PASS -> FAIL". A
+    cell untested in either is no change: which cells a run draws differs."""
+
+    def sheets(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        each = {c["backend_env"]: c.get("cells", []) for c in doc.get("configurations", [])}
+        return each or {"": doc["cells"]}
+
+    old, new = sheets(before), sheets(after)
+    if set(old) != set(new):  # not the same configurations: the runs' whole matrices
+        old, new = {"": before["cells"]}, {"": after["cells"]}
+    lines = []
+    for configuration, rows in new.items():
+        was = {(r["operation"], r["dtype"], r["reduce_op"]): r["status"] for r in old[configuration]}
+        now = {(r["operation"], r["dtype"], r["reduce_op"]): r["status"] for r in rows}
+        for cell in sorted(was.keys() | now.keys()):
+            first, then = was.get(cell, "not probed"), now.get(cell, "not probed")
+            if first != then and UNTESTED not in (first, then):
+                name = " ".join(part for part in cell if part != "-")
+                where = f" with {configuration}" if configuration else ""
+                lines.append(f"{name}{where}: {first} -> {then}")
+    return lines
+
+
+def _added(first: _Tally, second: _Tally) -> _Tally:
+    """Two tallies of a cell as one (two configurations', two xdist workers')."""
+    return _Tally(
+        passed=first.passed + second.passed,
+        failed=first.failed + second.failed,
+        known=first.known + second.known,
+        first_failure=first.first_failure or second.first_failure,
+        known_bug=first.known_bug or second.known_bug,
+        largest=max(first.largest, second.largest),
+    )
+
+
+def differences(each: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The cells whose status differs between configurations (untested where drawn elsewhere is no
+    difference: the draws differ), each with a line: "all_reduce float32 sum FAILs only with
+    ACME_PROTO=LL128 (PASS with ACME_PROTO=LL)"."""
+    statuses: dict[tuple[str, str, str], dict[str, str]] = {}
+    for configuration, rows in each.items():
+        for r in rows:
+            if r["status"] != UNTESTED:
+                cell = (r["operation"], r["dtype"], r["reduce_op"])
+                statuses.setdefault(cell, {})[configuration] = r["status"]
+    found = []
+    for cell, by_configuration in sorted(statuses.items()):
+        if len(set(by_configuration.values())) < 2:
+            continue
+        grouped: dict[str, list[str]] = {}
+        for configuration, status in by_configuration.items():
+            grouped.setdefault(status, []).append(configuration)
+        name = " ".join(part for part in cell if part != "-")
+        if FAIL in grouped:
+            others = "; ".join(f"{s} with {', '.join(c)}" for s, c in grouped.items() if s != FAIL)
+            line = f"{name} FAILs only with {', '.join(grouped[FAIL])} ({others})"
+        else:
+            line = f"{name} differs: " + "; ".join(f"{s} with {', '.join(c)}" for s, c in grouped.items())
+        row = {"operation": cell[0], "dtype": cell[1], "reduce_op": cell[2]}
+        found.append({**row, "statuses": by_configuration, "line": line})
+    return found
 
 
 # The training stacks' rows (conformance/training.py), each read as one verdict.

@@ -29,35 +29,40 @@ MARKERS = (
     "with --huge",
 )
 
-_PROBED = pytest.StashKey[dict[int, "Capabilities"]]()  # per world size, for this session
+# per (world size, configuration's variables), for this session
+_PROBED = pytest.StashKey[dict[tuple[int, Any], "Capabilities"]]()
 # The session's conformance.matrix.CapabilityMatrix, handed over when pytest configures (hooks); none on an
 # SPMD rank other than 0, which reports nothing.
 MATRIX = pytest.StashKey[Any]()
 
 
 @pytest.fixture(scope="session")
-def capabilities(request: pytest.FixtureRequest, world_size: int) -> Capabilities:
-    """What the backend supports at this world size, probed on the live group once per session."""
+def capabilities(request: pytest.FixtureRequest, world_size: int, backend_env: Any) -> Capabilities:
+    """What the backend supports at this world size (in this configuration of --backend-env), probed on
+    the live group once per session."""
     return probed(request.config, world_size)
 
 
 def probed(config: pytest.Config, world_size: int) -> Capabilities:
-    """The probe at ``world_size``, run on the live group the first time it is asked for in a session."""
+    """The probe at ``world_size`` in the running test's configuration, run on the live group the first
+    time it is asked for in a session."""
     from pytest_collectives.conformance import capabilities as caps
-    from pytest_collectives.execution.session import run_on_ranks
+    from pytest_collectives.execution.session import SESSION, run_on_ranks
 
+    configuration = config.stash[SESSION].configuration
     found = config.stash.setdefault(_PROBED, {})
-    if world_size not in found:
+    key = (world_size, configuration.env)
+    if key not in found:
         answers = run_on_ranks(config, world_size, caps.probe)
         if any(answer.cells != answers[0].cells for answer in answers):
             differ = [r for r, answer in enumerate(answers) if answer.cells != answers[0].cells]
             pytest.fail(f"the ranks' probes disagree on what the backend supports (ranks {differ} vs 0)")
         withheld = known_bugs.withheld(config, answers[0].backend, world_size)
         semantics = _agreed_semantics([answer.semantics for answer in answers])
-        found[world_size] = dataclasses.replace(answers[0].withholding(withheld), semantics=semantics)
+        found[key] = dataclasses.replace(answers[0].withholding(withheld), semantics=semantics)
         if (matrix := config.stash.get(MATRIX, None)) is not None:
-            matrix.add_probe(found[world_size])
-    return found[world_size]
+            matrix.add_probe(found[key], configuration.id)
+    return found[key]
 
 
 def _agreed_semantics(per_rank: list[dict[Any, str]]) -> dict[Any, str]:
@@ -70,7 +75,7 @@ def _agreed_semantics(per_rank: list[dict[Any, str]]) -> dict[Any, str]:
     return agreed
 
 
-_TRAINING_PROBED = pytest.StashKey[set[int]]()  # world sizes whose training rows are probed
+_TRAINING_PROBED = pytest.StashKey[set[int]]()  # the probes (by id) whose training rows were added
 
 
 @pytest.fixture(autouse=True)
@@ -99,10 +104,10 @@ def _with_training_rows(request: pytest.FixtureRequest, found: Capabilities) -> 
     from pytest_collectives.execution.session import run_on_ranks
 
     done = request.config.stash.setdefault(_TRAINING_PROBED, set())
-    if found.world_size not in done:
+    if id(found) not in done:
         answers = run_on_ranks(request.config, found.world_size, training.probe_rows)
         found.cells.update(answers[0])
-        done.add(found.world_size)
+        done.add(id(found))
         if (matrix := request.config.stash.get(MATRIX, None)) is not None:
-            matrix.add_probe(found)
+            matrix.add_probe(found, request.getfixturevalue("backend_env").id)
     return found

@@ -21,14 +21,14 @@ _current = 0
 
 
 def of_run(config: pytest.Config) -> int:
-    """The run's turn, fixed at the first conformance test: its ``--hypothesis-seed``, else random."""
-    if _RUN not in config.stash:
-        seed = config.getoption("hypothesis_seed", None)
-        if seed is None:
-            config.stash[_RUN] = random.SystemRandom().randrange(1 << 16)
-        else:  # hypothesis takes any string for a seed; a number stands for itself
-            text = str(seed)
-            config.stash[_RUN] = int(text) if text.isdigit() else zlib.crc32(text.encode())
+    """The run's turn: its ``--hypothesis-seed`` (a soak sets one per pass), else a random one fixed at the
+    first conformance test."""
+    seed = config.getoption("hypothesis_seed", None)
+    if seed is not None:  # hypothesis takes any string for a seed; a number stands for itself
+        text = str(seed)
+        config.stash[_RUN] = int(text) if text.isdigit() else zlib.crc32(text.encode())
+    elif _RUN not in config.stash:
+        config.stash[_RUN] = random.SystemRandom().randrange(1 << 16)
     return config.stash[_RUN]
 
 

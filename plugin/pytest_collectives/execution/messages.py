@@ -52,6 +52,7 @@ class Task:
     # the known bugs the test holds, (exception name, pattern of its message): a batch of examples goes on
     # past an example that fails with one (examples.run_batch), so that it hides only itself
     expected: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # its configuration (--backend-env): what its group starts with
 
     @classmethod
     def calling(cls, fn: Callable[..., Any], world_size: int, timeout_s: float = 0.0, **kwargs: Any) -> Task:

@@ -6,6 +6,9 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 
+from pytest_collectives.errors import OptionError
+from pytest_collectives.execution.configurations import Configuration, parse
+
 CPU_WORLD_SIZES = (2, 3, 4)  # an odd size catches ring off-by-ones; 4 ranks still fit 2 cores
 # One rank is a world size too: NCCL has had one-rank bugs (issue 1950, a bf16 AVG tail left unreduced),
 # and with --gpus 1 it is the only one.
@@ -45,11 +48,16 @@ OPTIONS = (
         "its group replaced (default 120)",
         "120",
     ),
+    (
+        "backend_env",
+        "run the distributed tests once per backend setting: NAME=V1,V2 (environment variables the worker "
+        "groups start with; repeatable: every combination) or a preset (nccl-proto, nccl-algo, nccl-p2p, "
+        "nccl-shm, nccl-nvls, gloo-transport, gloo-lazy-init, or a backend module's own); ini: one a line",
+        "",
+    ),
 )
-
-
-class OptionError(ValueError):
-    """A bad option value; the message names the option and the fix."""
+# options that may be given more than once; their ini value has one a line
+REPEATABLE = ("backend_env",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +71,8 @@ class Settings:
     # The most ranks one group can have, what world_size("max") means: the whole world under torchrun or
     # srun, else every GPU with --gpus, else the largest of the world sizes. 0: derive it from the others.
     largest: int = 0
+    # --backend-env: each distributed test runs once per configuration; a plain run has the one, empty
+    configurations: tuple[Configuration, ...] = ()
 
 
 def _gpus(text: str, count_gpus: Callable[[], int]) -> int:
@@ -227,9 +237,10 @@ def _timeout(text: str) -> float:
 def resolve(values: dict[str, str], count_gpus: Callable[[], int]) -> Settings:
     """Settings from option texts (command line over ini); ``count_gpus`` is only called for --gpus > 0."""
     gpus = _gpus(values["gpus"], count_gpus)
-    modules = backend_modules(values["backend_module"])
+    modules = backend_modules(values["backend_module"])  # before the presets: a module may add its own
     device_type, backend = _device_and_backend(values["backend"], gpus)
     return Settings(
+        configurations=parse(values.get("backend_env", "").splitlines()),
         gpus=gpus,
         backend=backend,
         device_type=device_type,

@@ -1,4 +1,5 @@
-"""The controller side: warm worker groups, kept per (world size, backend, devices) and reused.
+"""The controller side: warm worker groups, kept per (world size, backend, devices, configuration) and
+reused.
 
 Every wait here has a deadline. A group that hangs, crashes or is left unfit is never cleaned up over the
 network (a barrier on a broken group deadlocks): its stacks are taken out of band, its processes
@@ -23,6 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from pytest_collectives.algorithms import registry
+from pytest_collectives.execution.configurations import Configuration, Env, Rejected
 from pytest_collectives.execution.forkserver import forkserver_context
 from pytest_collectives.execution.messages import FAILED, PASSED, GroupSpec, RankResult, Task
 from pytest_collectives.execution.outcome import (
@@ -41,6 +43,7 @@ PROBE_TIMEOUT_S = 5.0  # how long a group gets to answer whether a raise left it
 FAILURE_GRACE_S = 2.0  # how long the other ranks get to finish after one fails before they count as hung
 STACK_WAIT_S = 2.0
 CRASH_TAIL_LINES = 30
+ABORT_REASON_LINES = 4  # what a process printed just before it aborted: "terminate called", "what(): ..."
 RECYCLE_RSS_GROWTH = 2 << 30  # a worker that grew this much since it started is replaced
 # A rank reads its task before it answers the previous one's, so the pipe is empty when a task is sent, and a
 # task smaller than a pipe's buffer (64 KiB on Linux, 4 KiB at the least POSIX allows) is written at once.
@@ -180,6 +183,8 @@ class WorkerGroup:
                 kind, payload = conn.recv()
                 if kind == "ready":
                     return RankReport(rank, "passed")
+                if kind == "refused":  # its backend raised as the group started
+                    return RankReport(rank, FAILED, payload)
                 results.append(payload)  # type: ignore[union-attr]
                 return RankReport.of(payload)
         except (EOFError, OSError):
@@ -222,8 +227,7 @@ class WorkerGroup:
             report.stderr = _read(files["stderr"])
             if report.status == CRASHED and report.stderr:
                 # what a dying process last said (a traceback, faulthandler's dump) belongs with its crash
-                tail = "\n".join(report.stderr.rstrip().splitlines()[-CRASH_TAIL_LINES:])
-                report.detail += f"\nits last words on stderr:\n{tail}"
+                report.detail += f"\nits last words on stderr:\n{last_words(report.stderr)}"
 
     def kill(self) -> None:
         for proc in self.procs:
@@ -250,6 +254,17 @@ class WorkerGroup:
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
+
+
+def last_words(stderr: str) -> str:
+    """What a dying process last said: from just before faulthandler's "Fatal Python error", where the
+    reason of a C++ abort is (gloo's "what(): [enforce fail ...]"), which the threads' stacks after it
+    would push out of a plain tail; else its last lines."""
+    lines = stderr.rstrip().splitlines()
+    fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+    if not fatal:
+        return "\n".join(lines[-CRASH_TAIL_LINES:])
+    return "\n".join(lines[max(0, fatal[-1] - ABORT_REASON_LINES) : fatal[-1] + CRASH_TAIL_LINES])
 
 
 def _readable(fds: Iterable[int]) -> list[int]:
@@ -319,7 +334,8 @@ def group_devices(world_size: int, visible: str | None) -> tuple[str, ...]:
 
 
 class GroupPool:
-    """Warm groups keyed by (world size, backend, devices), started lazily, replaced when unfit."""
+    """Warm groups keyed by (world size, backend, devices, configuration), started lazily, replaced when
+    unfit."""
 
     def __init__(
         self,
@@ -338,10 +354,11 @@ class GroupPool:
         self.device_type = device_type
         self.ctx = forkserver_context(start_method)
         self.root = tempfile.mkdtemp(prefix="collectives-", dir=root)
-        self.groups: dict[tuple[int, str, tuple[int, ...]], WorkerGroup] = {}
+        self.groups: dict[tuple[int, str, tuple[int, ...], Env], WorkerGroup] = {}
+        self.rejected: dict[Env, Rejected] = {}  # configurations the backend would not start a group in
         self.started = 0
 
-    def spec_for(self, world_size: int) -> GroupSpec:
+    def spec_for(self, world_size: int, env: Env = ()) -> GroupSpec:
         devices = group_devices(world_size, os.environ.get("CUDA_VISIBLE_DEVICES")) if self.gpus else ()
         cores = sorted(os.sched_getaffinity(0))
         workdir = tempfile.mkdtemp(prefix=f"ws{world_size}-", dir=self.root)
@@ -355,17 +372,21 @@ class GroupPool:
             timeout_s=self.timeout_s + 60.0,
             threads_per_rank=max(1, len(cores) // world_size),
             cores=rank_cores(cores, world_size),
-            env=dict(os.environ),
+            env={**os.environ, **dict(env)},
             controller_pid=os.getpid(),
             modules=self.modules,
             sys_path=tuple(sys.path),
             algorithms=registry.sources(),
         )
 
-    def group(self, world_size: int, lost: list[RankReport] | None = None) -> WorkerGroup:
-        """A warm group of ``world_size`` ranks; raises DistributedTestFailure if one can't be started.
-        The ranks of a warm group that died since its last test are added to ``lost``."""
-        key = (world_size, self.backend, tuple(range(world_size)) if self.gpus else ())
+    def group(self, world_size: int, env: Env = (), lost: list[RankReport] | None = None) -> WorkerGroup:
+        """A warm group of ``world_size`` ranks started with ``env`` over pytest's environment; raises
+        DistributedTestFailure if one can't be started, or Rejected where its ranks raised in a
+        configuration (then at once for every later group in it). The ranks of a warm group that died
+        since its last test are added to ``lost``."""
+        if env in self.rejected:
+            raise self.rejected[env]
+        key = (world_size, self.backend, tuple(range(world_size)) if self.gpus else (), env)
         group = self.groups.get(key)
         if group is not None:
             dead = group.dead()
@@ -374,9 +395,18 @@ class GroupPool:
             if lost is not None:
                 lost.extend(dead)
             group.kill()
-        group = WorkerGroup(self.spec_for(world_size), self.ctx)
+        group = WorkerGroup(self.spec_for(world_size, env), self.ctx)
         self.started += 1
         failure = group.wait_ready(self.timeout_s)
+        # A rank whose backend raised as it started, none crashed (the others may wait on it): the backend
+        # rejected the configuration, not a fault of the group.
+        statuses = {r.status for r in failure.ranks} if failure is not None else set()
+        if env and FAILED in statuses and CRASHED not in statuses:
+            raised = next(r for r in failure.ranks if r.status == FAILED)
+            words = raised.detail.strip().splitlines()[-1] if raised.detail.strip() else "no words"
+            group.kill()
+            self.rejected[env] = Rejected(Configuration(env), self.backend, words)
+            raise self.rejected[env]
         if failure is not None:
             failure.replaced.append("the group failed to start")
             raise DistributedTestFailure.of(failure)
@@ -385,14 +415,14 @@ class GroupPool:
 
     def run(self, task: Task, world_size: int) -> GroupOutcome:
         lost: list[RankReport] = []
-        group = self.group(world_size, lost)
+        group = self.group(world_size, task.env, lost)
         timeout_s = task.timeout_s or self.timeout_s
         outcome, results = group.run(task, timeout_s)
         if group.lost:
             # The rank died after its previous test, just past the liveness check: this test never reached
             # it, so it is not this test's failure. Run it once more, whole, on a fresh group.
             lost += group.lost
-            group = self.group(world_size)
+            group = self.group(world_size, task.env)
             outcome, results = group.run(task, timeout_s)
         outcome.replaced.extend(
             f"rank {r.rank} died after the previous test ({r.detail.splitlines()[0]}); "
@@ -421,8 +451,8 @@ class GroupPool:
         said = failed.detail.strip().splitlines()[-1] if failed and failed.detail.strip() else "no answer"
         return [*suspect, f"and the group then failed a probe all_reduce (rank {failed.rank}: {said})"]
 
-    def discard(self, world_size: int) -> None:
-        for key in [k for k in self.groups if k[0] == world_size]:
+    def discard(self, world_size: int, env: Env = ()) -> None:
+        for key in [k for k in self.groups if k[0] == world_size and k[3] == env]:
             self.groups.pop(key).kill()
 
     def pids(self) -> list[int]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from pytest_collectives.execution.configurations import Env
 from pytest_collectives.execution.messages import Task
 from pytest_collectives.execution.options import Settings
 from pytest_collectives.execution.outcome import GroupOutcome
@@ -64,11 +65,11 @@ class PooledLauncher:
     def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
         return self.pool.run(task, task.world_size)
 
-    def done_with(self, world_size: int) -> None:
+    def done_with(self, world_size: int, env: Env = ()) -> None:
         # Groups of every size kept to the end would hold 35 processes for world sizes 2 to 8; tests are
         # ordered by world size, so a size's group is seldom needed again (and is started anew if it is).
         if self._pool is not None:
-            self._pool.discard(world_size)
+            self._pool.discard(world_size, env)
 
     def summary(self) -> str:
         return f"{self.pool.started} worker group(s) started"

@@ -599,7 +599,11 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
         for module in spec.modules:  # a third-party backend registers itself when imported
             importlib.import_module(module)
         registry.load(spec.algorithms)  # users' algorithms, found by name in the tests
-    _init_process_group(spec, rank, device)
+    try:
+        _init_process_group(spec, rank, device)
+    except Exception:  # noqa: BLE001 - the backend would not start: its words go to the controller
+        conn.send(("refused", traceback.format_exc()))
+        os._exit(1)
     shared_inputs.share_in(os.path.join(spec.workdir, "inputs"))  # the group's ranks share one machine
     conn.send(("ready", rank))
     while True:

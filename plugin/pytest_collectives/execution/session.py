@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import inspect
 import os
@@ -19,8 +20,10 @@ from typing import Any, Protocol
 import pytest
 
 from pytest_collectives.bench import shim as benchmark_shim
+from pytest_collectives.bench import side_by_side
 from pytest_collectives.bench.timing import BenchSpec, record
-from pytest_collectives.execution import examples, options
+from pytest_collectives.execution import configurations, examples, options
+from pytest_collectives.execution.configurations import Env
 from pytest_collectives.execution.messages import REJECTED, Task, stable_seed_of
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
 
@@ -156,14 +159,38 @@ def parametrize_world_size(
     metafunc.parametrize("world_size", params, scope="session")
 
 
-def last_of_each_size(items: list[pytest.Item]) -> dict[str, int]:
-    """{node id: n} for the last of ``items`` to run on n ranks, for each world size n."""
+def parametrize_configurations(
+    metafunc: pytest.Metafunc, sweep: tuple[configurations.Configuration, ...]
+) -> None:
+    """Parametrize ``backend_env`` over the configurations of --backend-env (session scope, ids
+    ``NAME=VALUE``, after the world size's); a plain run's one configuration adds nothing to the ids."""
+    if not any(configuration.env for configuration in sweep):
+        return
+    if "backend_env" not in metafunc.fixturenames:
+        metafunc.fixturenames.append("backend_env")
+    params = [pytest.param(configuration, id=configuration.id) for configuration in sweep]
+    metafunc.parametrize("backend_env", params, scope="session")
+
+
+def one_configuration_at_a_time(
+    items: list[pytest.Item], sweep: tuple[configurations.Configuration, ...]
+) -> None:
+    """Each configuration's tests together, in the order of a plain run: pytest's own order interleaves
+    them, which would keep every configuration's groups alive at once."""
+    if any(configuration.env for configuration in sweep):
+        place = {configuration: i for i, configuration in enumerate(sweep)}
+        items.sort(key=lambda item: place.get(configurations.of_item(item), -1))  # stable: keeps the rest
+
+
+def last_of_each_size(items: list[pytest.Item]) -> dict[str, tuple[int, Env]]:
+    """{node id: (n, env)} for the last of ``items`` to run on n ranks in a configuration, for each world
+    size n and configuration's variables env."""
     last = {}
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "world_size" in callspec.params:
-            last[callspec.params["world_size"]] = item.nodeid
-    return {nodeid: n for n, nodeid in last.items()}
+            last[callspec.params["world_size"], configurations.of_item(item).env] = item.nodeid
+    return {nodeid: group for group, nodeid in last.items()}
 
 
 def world_sizes_run(items: list[pytest.Item]) -> dict[str, tuple[int, ...]]:
@@ -305,8 +332,8 @@ class Launcher(Protocol):
     def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
         """Run ``task`` on its ranks (``test``: the function itself, for a launcher that runs in-process)."""
 
-    def done_with(self, world_size: int) -> None:
-        """No test left in the session runs on ``world_size`` ranks."""
+    def done_with(self, world_size: int, env: Env = ()) -> None:
+        """No test left in the session runs on ``world_size`` ranks started with ``env``."""
 
     def summary(self) -> str:
         """What ran the tests, for the terminal summary: "4 worker groups started", "SPMD mode (...)"."""
@@ -325,7 +352,9 @@ class DistributedSession:
         self.launcher = launcher
         self.calls: dict[int, int] = {}  # world size -> test calls and hypothesis examples run on ranks
         self.workers: list[str] = []  # under xdist, on the controller: what each worker's launcher did
-        self.last_of_size: dict[str, int] = {}  # node id -> world size no later test runs on
+        self.last_of_size: dict[str, tuple[int, Env]] = {}  # node id -> the group no later test runs on
+        # the running test's (--backend-env): every group call during its set-up, call and teardown
+        self.configuration = configurations.Configuration()
         self.sizes_run: dict[str, tuple[int, ...]] = {}  # node id -> world sizes its test runs at
 
     @pytest.hookimpl(tryfirst=True)
@@ -335,19 +364,34 @@ class DistributedSession:
             return
         limit, too_big = self.launcher.size_limit(metafunc)
         parametrize_world_size(metafunc, world_sizes_of(marker.args, self.settings), limit, too_big)
+        parametrize_configurations(metafunc, self.settings.configurations)
 
+    @pytest.hookimpl(trylast=True)  # after pytest ordered them by their session-scoped parameters
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         skip_gpu_tests(items, self.settings)
+        one_configuration_at_a_time(items, self.settings.configurations)
         self.launcher.collected(items)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.last_of_size = last_of_each_size(session.items)
         self.sizes_run = world_sizes_run(session.items)
 
+    def keep_groups(self) -> None:
+        """Keep every group to the session's end, the tests running again (a soak): a group is then
+        replaced only after a test left it unfit."""
+        self.last_of_size = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> None:
+        self.configuration = configurations.of_item(item)
+        for key in (_outcome_key, _KNOWN_SEEN):  # a soak's earlier pass of the item
+            if key in item.stash:
+                del item.stash[key]
+
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         if item.nodeid in self.last_of_size:
-            self.launcher.done_with(self.last_of_size[item.nodeid])
+            self.launcher.done_with(*self.last_of_size[item.nodeid])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
@@ -405,6 +449,7 @@ class DistributedSession:
             hypothesis_inner=hypothesis_inner,
             world_size=n,
             expected=item.stash.get(EXPECTED_FAILURES, ()),
+            env=self.configuration.env,
         )
         try:
             pickle.dumps(task)  # in both modes, so a test that runs under torchrun also runs pooled
@@ -418,7 +463,7 @@ class DistributedSession:
         bench = kwargs.get("benchmark")
         if benchmark_shim.is_fixture(bench):
             benchmark_shim.mark_used(bench)
-        outcome = self.launcher.run(task, test)
+        outcome = self.run(task, test)
         outcome.keep_first_failing_example()
         self.calls[n] = self.calls.get(n, 0) + outcome.examples()
         item.stash[_outcome_key] = outcome
@@ -464,6 +509,8 @@ class DistributedSession:
         if benchmark_shim.is_fixture(bench):
             s = self.settings
             context = {"world_size": n, "backend": s.backend, "devices": list(range(n)) if s.gpus else "cpu"}
+            if self.configuration.env:
+                context["backend_env"] = self.configuration.id
             record(bench, outcome.benchmark(), context)
 
     def run_on_ranks(self, n: int, fn: Callable[..., Any], kwargs: dict[str, Any]) -> list[Any]:
@@ -475,7 +522,18 @@ class DistributedSession:
     def outcome_on_ranks(
         self, n: int, fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float = 0.0
     ) -> GroupOutcome:
-        return self.launcher.run(Task.calling(fn, n, timeout_s, **kwargs), fn)
+        task = dataclasses.replace(Task.calling(fn, n, timeout_s, **kwargs), env=self.configuration.env)
+        return self.run(task, fn)
+
+    def run(self, task: Task, test: Callable[..., Any]) -> GroupOutcome:
+        """The launcher's run of ``task``; N/A (a skip) where the backend rejected its configuration."""
+        try:
+            return self.launcher.run(task, test)
+        except configurations.Rejected as rejected:
+            self.config.hook.pytest_collectives_configuration_rejected(
+                configuration=rejected.configuration.id, words=rejected.words
+            )
+            pytest.skip(str(rejected))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
@@ -500,6 +558,13 @@ class DistributedSession:
             self.config.workeroutput["collectives_summary"] = self.launcher.summary()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        records = side_by_side.records(self.config)
+        plain = [(configurations.plain_id(name, e.get("backend_env", "")), e) for name, e in records]
+        compared = side_by_side.by_configuration(plain)
+        if compared:
+            terminalreporter.section("collectives: benchmarks per backend setting")
+            for line in compared:
+                terminalreporter.write_line(line)
         if self.calls:
             sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))
             calls = f"{sum(self.calls.values())} distributed examples ({sizes})"

@@ -27,6 +27,7 @@ import pytest
 
 from pytest_collectives import devices
 from pytest_collectives.execution import options
+from pytest_collectives.execution.configurations import Env
 from pytest_collectives.execution.examples import settings_changed
 from pytest_collectives.execution.messages import FAILED, Task
 from pytest_collectives.execution.outcome import GroupOutcome, RankReport
@@ -167,6 +168,11 @@ def tasks_per_node(text: str) -> int:
 def settings_for(values: dict[str, str], env: SpmdEnv, count_gpus: Callable[[], int]) -> options.Settings:
     """The options in SPMD mode: --gpus counts this node's GPUs (rank r drives cuda:LOCAL_RANK), and
     world sizes may go up to the whole SPMD world; by default 2, 3, 4, 8 where they fit, and the world."""
+    if values.get("backend_env", ""):
+        raise options.OptionError(
+            "--backend-env: torchrun or srun started these ranks once, with one environment; run a sweep "
+            "without them (pooled groups), or set the variables in the environment they start"
+        )
     gpus = options._gpus(values["gpus"], count_gpus)
     if gpus and env.local_world_size > gpus:
         raise options.OptionError(
@@ -489,7 +495,7 @@ class SpmdLauncher:
         captured = capman.read_global_capture()
         return captured.out, captured.err
 
-    def done_with(self, world_size: int) -> None:
+    def done_with(self, world_size: int, env: Env = ()) -> None:
         pass  # the ranks are the world's: none of them can stop before the session ends
 
     def summary(self) -> str:

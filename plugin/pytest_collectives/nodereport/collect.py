@@ -32,6 +32,14 @@ class _PairGrid(NamedTuple):
     kind: str  # "GPU" or "rank"
 
 
+def addoptions(group: Any) -> None:
+    group.addoption(
+        "--node-report",
+        metavar="DIR",
+        help="write a node validation report (report.html, report.json, plots) into DIR",
+    )
+
+
 def _pair_grid(results: dict[str, BenchmarkEntry], matrix: str, figure: str) -> _PairGrid | None:
     """``figure`` of every (src, dst) pair of the benchmarks marked ``matrix: <matrix>``, at the largest
     message size measured; None when the run measured no such pair, or not every pair (some were

@@ -175,6 +175,13 @@ def _capability_check(matrix: Mapping[str, Any]) -> Check:
         },
     }
     stacks = "".join(f"; {stack}: {verdict}" for stack, verdict in matrix.get("training", {}).items())
+    # under --backend-env: what differs between the configurations, and those the backend rejected
+    rejected = [c for c in matrix.get("configurations", []) if "rejected" in c]
+    settings = [d["line"] for d in matrix.get("differences", [])]
+    settings += [f"{c['backend_env']}: rejected ({c['rejected']})" for c in rejected]
+    if settings:
+        details["backend_settings"] = settings
+        stacks += f"; {len(settings)} difference(s) between backend settings, first: {settings[0]}"
     where = (
         f"{matrix['backend']} ({matrix['backend_version']}, torch {matrix['torch']}) at world sizes "
         f"{', '.join(map(str, matrix['world_sizes']))}: "

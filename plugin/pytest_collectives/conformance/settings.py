@@ -1,0 +1,63 @@
+"""The conformance run's options: declared here, read and checked once when pytest configures (a manifest
+or saved matrix that can't be read is a one-line usage error before any test runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_collectives.conformance import known_bugs
+
+OPTIONS = (
+    ("--capability-json", {"metavar": "PATH", "help": "write the conformance capability matrix (operation "
+                           "x dtype x reduce op) as JSON to PATH"}),
+    ("--capability-compare", {"metavar": "PATH", "help": "compare the capability matrix with an earlier "
+                              "run's --capability-json (before and after a driver or firmware upgrade): one "
+                              "line per cell whose status changed"}),
+    ("--known-bugs", {"metavar": "PATH", "action": "append", "default": [], "help": "a JSON manifest of "
+                      "known backend bugs (tests that are strict xfails on named backends); repeatable; "
+                      "ini: known_bugs"}),
+)  # fmt: skip
+
+
+def addoptions(parser: pytest.Parser, group: Any) -> None:
+    for flag, kwargs in OPTIONS:
+        group.addoption(flag, **kwargs)
+    parser.addini("known_bugs", "JSON manifests of known backend bugs", type="paths", default=[])
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformanceSettings:
+    capability_json: str | None = None  # where to write the matrix
+    compare_with: str | None = None  # --capability-compare's path, and its document
+    before: dict[str, Any] | None = None
+    known_bugs: tuple[known_bugs.KnownBug, ...] = ()  # every manifest's entries, the ini's first
+
+
+def read(config: pytest.Config) -> ConformanceSettings:
+    manifests = [*config.getini("known_bugs"), *config.getoption("known_bugs")]
+    try:
+        bugs = tuple(bug for path in manifests for bug in known_bugs.load(path))
+    except known_bugs.ManifestError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    path = config.getoption("capability_compare")
+    return ConformanceSettings(config.getoption("capability_json"), path, saved(path), bugs)
+
+
+def saved(path: str | None) -> dict[str, Any] | None:
+    """An earlier run's --capability-json, for --capability-compare."""
+    if not path:
+        return None
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise pytest.UsageError(f"--capability-compare {path}: not readable JSON ({exc})") from None
+    if not (isinstance(doc, dict) and isinstance(doc.get("cells"), list)):
+        raise pytest.UsageError(
+            f"--capability-compare {path}: not a capability matrix (--capability-json writes one)"
+        )
+    return doc

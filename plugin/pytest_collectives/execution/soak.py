@@ -1,0 +1,224 @@
+"""Burn-in (--soak DURATION): the selected tests again and again until the time is spent.
+
+Backends have shipped corruptions seen only after several runs (NCCL's LL128 broadcast, NVIDIA/nccl#740),
+and vendors burn a new node in for hours. A soak runs the session's tests pass after pass, each pass with
+a fresh hypothesis seed (the example database kept, so a failure found is tried first in the next pass),
+in the same worker groups, as a training job would keep its own (a group is replaced only after a test
+left it unfit). It ends, when the time is spent or at Ctrl-C, with what ran: passes made, and per test
+that failed, how often, when first, and a command that replays it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import shlex
+import time
+from typing import Any
+
+import pytest
+
+from pytest_collectives.bench import side_by_side
+from pytest_collectives.execution import configurations, options
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+PROGRESS_EVERY_S = 60.0  # a pass is said when it failed, else at most once a minute
+
+
+def duration(text: str) -> float:
+    """Seconds of ``240s``, ``30m``, ``8h`` or a plain number of seconds; a bad one is a one-line error."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not found or float(found.group(1)) <= 0:
+        raise options.OptionError(f"--soak {text}: expected a duration such as 240s, 30m or 8h")
+    return float(found.group(1)) * _UNITS[found.group(2) or "s"]
+
+
+def clock(seconds: float) -> str:
+    """``1h02m``, ``4m10s``, ``12s``: a soak's times as a person reads them."""
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+@dataclasses.dataclass
+class Failures:
+    """One test's failures over a soak."""
+
+    passes: list[int] = dataclasses.field(default_factory=list)  # the passes it failed in
+    first_at: float = 0.0  # seconds into the soak
+    seed: int = 0  # the first failing pass's hypothesis seed
+
+
+def replay(
+    nodeid: str,
+    seed: int,
+    settings: options.Settings,
+    configuration: configurations.Configuration,
+    world_size: int | None,
+) -> str:
+    """The command that runs ``nodeid`` again with ``seed``, in the session's backend and configuration."""
+    args = ["pytest", nodeid, f"--hypothesis-seed={seed}"]
+    if settings.gpus:
+        args += ["--gpus", str(settings.gpus)]
+    if settings.backend_modules:
+        args += ["--backend-module", ",".join(settings.backend_modules)]
+    args += ["--backend", settings.backend]
+    if world_size:
+        args += ["--world-sizes", str(world_size)]
+    for name, value in configuration.env:
+        args += ["--backend-env", f"{name}={value}"]
+    return shlex.join(args)
+
+
+def addoptions(group: Any) -> None:
+    group.addoption(
+        "--soak",
+        metavar="DURATION",
+        help="burn-in: run the selected tests again and again (a fresh hypothesis seed each pass, the same "
+        "worker groups) until DURATION (240s, 30m, 8h) is spent or Ctrl-C, then report each failure's "
+        "rate, first time and replay command",
+    )
+
+
+def requested(config: pytest.Config, spmd_mode: bool) -> float | None:
+    """The seconds --soak asks for (None without it); a usage error where it can't run (a bad duration,
+    pytest-xdist, SPMD mode)."""
+    if not config.getoption("soak"):
+        return None
+    if spmd_mode or getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError(
+            "--soak runs the tests pass after pass in this pytest: drop -n (pytest-xdist), and torchrun "
+            "or srun"
+        )
+    try:
+        return duration(config.getoption("soak"))
+    except options.OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+class Soak:
+    """Runs the session's items pass after pass (pytest_runtestloop), and reports what the passes did."""
+
+    def __init__(
+        self, config: pytest.Config, seconds: float, settings: options.Settings, session: Any, drift: float
+    ) -> None:
+        self.config = config
+        self.drift = drift  # how much worse a benchmark may get over the passes before a WARN
+        self.seconds = seconds
+        self.settings = settings
+        self.session = session  # the DistributedSession: it keeps its groups from pass to pass
+        seed = config.getoption("hypothesis_seed", None)
+        self.first_seed = int(seed) if seed is not None and str(seed).isdigit() else random.randrange(1 << 16)
+        self.passes = 0  # passes begun
+        self.started = 0.0
+        self.failures: dict[str, Failures] = {}
+        self.items: dict[str, pytest.Item] = {}
+        self.ended = "the time was spent"
+
+    def seed_of(self, number: int) -> int:
+        """Pass ``number``'s hypothesis seed: consecutive seeds, which also walk the sweeps' rotation."""
+        return self.first_seed + number - 1
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        if session.testsfailed and not session.config.option.continue_on_collection_errors:
+            raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
+        if session.config.option.collectonly:
+            return True
+        try:
+            from hypothesis import core
+        except ImportError:  # an extra: without it there are no seeds to turn
+            core = None
+        items = list(session.items)
+        self.items = {item.nodeid: item for item in items}
+        self.session.keep_groups()
+        self.started = time.monotonic()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        said_at = -PROGRESS_EVERY_S  # the first pass is always said
+        try:
+            more = bool(items)
+            while more:
+                self.passes += 1
+                seed = self.seed_of(self.passes)
+                session.config.option.hypothesis_seed = seed  # the sweeps' rotation turns with it
+                if core is not None:
+                    core.global_force_seed = seed
+                for i, item in enumerate(items):
+                    last = i == len(items) - 1
+                    more = not last or self.elapsed() < self.seconds
+                    # the next pass's first item keeps the session's fixtures set up; not the item itself,
+                    # which pytest would then not set up again
+                    nextitem = items[i + 1] if not last else (items[0] if more and i else None)
+                    item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+                    if session.shouldfail or session.shouldstop:
+                        raise session.Failed(session.shouldfail or session.shouldstop)
+                failed = sum(1 for f in self.failures.values() if self.passes in f.passes)
+                if reporter is not None and (failed or self.elapsed() - said_at >= PROGRESS_EVERY_S):
+                    reporter.write_line(self.progress(failed))
+                    said_at = self.elapsed()
+        except KeyboardInterrupt:
+            self.ended = "interrupted (Ctrl-C)"
+            raise
+        return True
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def progress(self, failed: int) -> str:
+        return (
+            f"soak: pass {self.passes} done at {clock(self.elapsed())} of {clock(self.seconds)} "
+            f"(seed {self.seed_of(self.passes)}): {failed} test(s) failed in it"
+        )
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
+        """A test that failed in an earlier pass fails again with one line, not its whole report again:
+        an 8-hour soak would print thousands of the same tracebacks."""
+        report = (yield).get_result()
+        found = self.failures.get(item.nodeid)
+        if report.failed and found and found.passes[0] < self.passes:
+            said = [line for line in report.longreprtext.splitlines() if line.strip()][-1:] or [""]
+            report.longrepr = (
+                f"failed again in pass {self.passes} (first in pass {found.passes[0]}, shown above); its "
+                f"last line: {said[0].strip()}"
+            )
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed and self.passes:
+            found = self.failures.setdefault(report.nodeid, Failures())
+            if not found.passes:
+                found.first_at, found.seed = self.elapsed(), self.seed_of(self.passes)
+            if self.passes not in found.passes:
+                found.passes.append(self.passes)
+
+    def lines(self) -> list[str]:
+        """The soak's report: passes made, then per configuration each test that failed."""
+        lines = [f"soak: {self.passes} pass(es) in {clock(self.elapsed())}, {self.ended}; first seed "
+                 f"{self.first_seed}"]  # fmt: skip
+        by_configuration: dict[str, list[str]] = {}
+        for nodeid, found in self.failures.items():
+            item = self.items.get(nodeid)
+            configuration = configurations.of_item(item) if item else configurations.Configuration()
+            callspec = getattr(item, "callspec", None)
+            world_size = callspec.params.get("world_size") if callspec else None
+            command = replay(nodeid, found.seed, self.settings, configuration, world_size)
+            by_configuration.setdefault(str(configuration), []).append(
+                f"  {nodeid} failed in {len(found.passes)} of {self.passes} passes, first at "
+                f"{clock(found.first_at)} (pass {found.passes[0]}); replay: {command}"
+            )
+        if not self.failures:
+            lines.append("no test failed in any pass")
+        lines += side_by_side.drifted(side_by_side.records(self.config), self.drift)
+        for configuration, failed in by_configuration.items():
+            lines.append(f"with {configuration}: {len(failed)} test(s) failed")
+            lines += failed
+        return lines
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.passes:
+            return
+        terminalreporter.section("soak")
+        for line in self.lines():
+            terminalreporter.write_line(line, red=bool(self.failures))

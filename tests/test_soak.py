@@ -1,0 +1,177 @@
+"""Burn-in (--soak): the selected tests pass after pass in the same groups until the time is spent or Ctrl-C,
+and a report of each failure's rate, first time and replay command. Proved with planted backends that a
+single run does not catch (tests/mutant_backends.py): one that turns wrong after a while under load, one
+wrong in one call of many."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from docblocks import block_of, unshown
+from helpers import copy_conformance, torch_below
+
+from pytest_collectives.bench import side_by_side
+from pytest_collectives.execution import configurations, options
+from pytest_collectives.execution.soak import clock, duration, replay
+
+# one distributed conformance test, at 2 ranks: a pass takes about a second on the 2-core machine
+TEST = "test_all_reduce.py::test_all_reduce_matches_exact_reference[ws2-all_reduce]"
+python_backends = pytest.mark.skipif(
+    torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13 (test_capabilities.py)"
+)
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("240s", 240), ("30m", 1800), ("8h", 28800), ("90", 90), ("1.5m", 90)]
+)
+def test_a_duration_is_read_as_a_person_writes_it(text: str, seconds: float) -> None:
+    assert duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5x", "-3s", "0", "m"])
+def test_a_bad_duration_names_the_fix(text: str) -> None:
+    with pytest.raises(
+        options.OptionError, match=rf"^--soak {re.escape(text)}: expected a duration such as 240s"
+    ):
+        duration(text)
+
+
+def test_the_times_and_the_replay_command_read_plainly() -> None:
+    assert [clock(s) for s in (12.7, 250, 3720)] == ["12s", "4m10s", "1h02m"]
+    settings = options.Settings(backend="acme", backend_modules=("acme_backend",))
+    configuration = configurations.parse(["ACME_PROTO=LL128"])[0]
+    command = replay("t.py::test_x[ws2-ACME_PROTO=LL128]", 7, settings, configuration, 2)
+    assert shlex.split(command) == [
+        "pytest", "t.py::test_x[ws2-ACME_PROTO=LL128]", "--hypothesis-seed=7", "--backend-module",
+        "acme_backend", "--backend", "acme", "--world-sizes", "2", "--backend-env", "ACME_PROTO=LL128",
+    ]  # fmt: skip
+
+
+def test_a_benchmark_that_got_worse_over_the_passes_is_a_warning() -> None:
+    steady = [("b.py::test_ar[ws2]", {"busbw_GBps": 2.0})] * 9
+    falling = [
+        ("b.py::test_ar[ws2]", {"busbw_GBps": v}) for v in (2.0, 2.1, 1.9, 2.0, 1.8, 1.9, 1.5, 1.4, 1.5)
+    ]
+    slower = [("b.py::test_lat[ws2]", {"latency_us": v}) for v in (10, 10, 10, 10, 10, 10, 13, 12, 13)]
+    assert side_by_side.drifted(steady, 0.1) == [] and side_by_side.drifted(falling[:8], 0.1) == []
+    (warned,) = side_by_side.drifted(falling, 0.1)
+    assert warned.startswith(
+        "WARN b.py::test_ar[ws2]: busbw GB/s 2.000 in the first 3 passes, 1.500 in the last 3: 25%"
+    )
+    (warned,) = side_by_side.drifted(slower, 0.1)
+    assert warned.startswith(
+        "WARN b.py::test_lat[ws2]: latency us 10.000 in the first 3 passes, 13.000 in the"
+    )
+    assert side_by_side.drifted(slower, 0.5) == []
+
+
+def _run(pytester: pytest.Pytester, backend: str, *args: str) -> pytest.RunResult:
+    copy_conformance(pytester.path, ("test_all_reduce.py",))
+    return pytester.runpytest(
+        TEST, "--backend-module", "mutant_backends", "--backend", backend, "--world-sizes", "2", "-p",
+        "no:cacheprovider", *args,
+    )  # fmt: skip
+
+
+@python_backends
+def test_a_node_that_wears_out_passes_one_run_and_fails_the_soak_which_says_when(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """float32 all_reduce turns wrong after 100 calls on a rank: one pass (some 10 to 40 such calls) passes,
+    the soak fails from a later pass on, in the same group, and says from which pass and when."""
+    monkeypatch.setenv("ACME_WEAR_CALLS", "100")
+    plain = _run(pytester, "mutant_wrong_after_wear", "--hypothesis-seed=1")
+    assert plain.ret == 0, plain.stdout.str()[-3000:]
+    soak = _run(pytester, "mutant_wrong_after_wear", "--soak", "20s")
+    out = soak.stdout.str()
+    assert soak.ret == 1, out[-3000:]
+    found = re.search(
+        rf"^  {re.escape(TEST)} failed in (\d+) of (\d+) passes, first at (\S+) \(pass (\d+)\); replay: ",
+        out,
+        re.M,
+    )
+    assert found, out[-3000:]
+    failed, passes, first = int(found[1]), int(found[2]), int(found[4])
+    assert 2 <= first <= passes and failed == passes - first + 1, out[-3000:]  # worn out: every pass after
+    assert re.search(r"^soak: \d+ pass\(es\) in \S+, the time was spent; first seed \d+$", out, re.M)
+    assert "collectives: 1 worker group(s) started" in out  # the passes shared their group
+    assert not unshown(
+        block_of("docs/backend-settings.md", "mutant_wrong_after_wear --world-sizes").text, out
+    )
+    # a repeated failure is one line, not its whole report again
+    assert len(re.findall(r"^_+ test_all_reduce_matches_exact_reference", out, re.M)) == failed
+    assert len(re.findall(r"^failed again in pass", out, re.M)) == failed - 1
+
+
+@python_backends
+def test_a_rare_corruption_gets_its_rate_and_a_replay_command(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """float32 all_reduce wrong in 1 call of 40, at random: the soak reports in how many passes of how many
+    it failed, and a command that runs that test again with the failing pass's seed."""
+    monkeypatch.setenv("ACME_ONE_IN", "40")
+    soak = _run(pytester, "mutant_wrong_once_in_thousands", "--soak", "12s")
+    out = soak.stdout.str()
+    assert soak.ret == 1, out[-3000:]
+    found = re.search(rf"^  {re.escape(TEST)} failed in (\d+) of (\d+) passes, .*; replay: (.+)$", out, re.M)
+    assert found and 1 <= int(found[1]) <= int(found[2]) and int(found[2]) >= 2, out[-3000:]
+    command = shlex.split(found[3])
+    assert command[:2] == ["pytest", TEST] and re.fullmatch(r"--hypothesis-seed=\d+", command[2]), command
+    collected = subprocess.run(
+        [sys.executable, "-m", *command, "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=pytester.path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert collected.returncode == 0 and f"{TEST}\n" in collected.stdout, collected.stdout + collected.stderr
+
+
+def test_ctrl_c_ends_the_soak_with_the_report_of_what_ran(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.world_size(2)
+        def test_sum(pg):
+            t = torch.ones(3)
+            dist.all_reduce(t)
+            assert t.eq(2).all()
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "test_it.py", "--soak", "3m", "-p", "no:cacheprovider"],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines = []
+    for line in proc.stdout:  # the first pass is said as it ends
+        lines.append(line)
+        if "soak: pass 1 done at " in line:
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out = "".join(lines) + proc.communicate(timeout=60)[0]
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert re.search(r"^soak: \d+ pass\(es\) in \S+, interrupted \(Ctrl-C\); first seed \d+$", out, re.M), out
+    assert "no test failed in any pass" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--soak", "5x"], "ERROR: --soak 5x: expected a duration such as 240s, 30m or 8h"),
+        (["--soak", "5s", "-n", "2"], "ERROR: --soak runs the tests pass after pass in this pytest: drop -n"),
+    ],
+)
+def test_a_soak_that_cannot_run_is_a_usage_error(
+    pytester: pytest.Pytester, args: list[str], message: str
+) -> None:
+    pytester.makepyfile(test_it="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert any(line.startswith(message) for line in result.stderr.lines), result.stderr.str()
