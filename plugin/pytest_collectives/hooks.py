@@ -140,7 +140,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(baseline_gate, "collectives-gate")
     if soak_s:  # a drift beyond the gate's tolerance over the passes is a WARN
         drift = baseline_gate.settings.tolerance or baseline_gate.settings.min_effect
-        config.pluginmanager.register(soak.Soak(config, soak_s, settings, session, drift), "collectives-soak")
+        config.pluginmanager.register(soak.Soak(soak_s, session, drift), "collectives-soak")
     if isinstance(launcher, spmd.SpmdLauncher):
         launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank
     if config.getoption("node_report"):

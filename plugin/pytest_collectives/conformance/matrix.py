@@ -178,10 +178,10 @@ class CapabilityMatrix:
         if self.configurations() != [""]:  # --backend-env: each configuration's cells, and what differs
             each = {c: self.rows(c) for c in self.configurations() if c not in self.rejected}
             doc["configurations"] = [
-                {"backend_env": c, "cells": each[c]} if c in each else {"backend_env": c, "rejected": words}
+                {"backend_env": c, "rejected": self.rejected[c]} if c in self.rejected
+                else {"backend_env": c, "cells": each[c]}
                 for c in self.configurations()
-                for words in [self.rejected.get(c, "")]
-            ]
+            ]  # fmt: skip
             doc["differences"] = differences(each)
         stacks = training_verdicts(rows)
         doc = {**doc, "training": stacks} if stacks else doc
@@ -363,15 +363,23 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         old, new = {"": before["cells"]}, {"": after["cells"]}
     lines = []
     for configuration, rows in new.items():
-        was = {(r["operation"], r["dtype"], r["reduce_op"]): r["status"] for r in old[configuration]}
-        now = {(r["operation"], r["dtype"], r["reduce_op"]): r["status"] for r in rows}
+        was = {_cell(r): r["status"] for r in old[configuration]}
+        now = {_cell(r): r["status"] for r in rows}
         for cell in sorted(was.keys() | now.keys()):
             first, then = was.get(cell, "not probed"), now.get(cell, "not probed")
             if first != then and UNTESTED not in (first, then):
-                name = " ".join(part for part in cell if part != "-")
                 where = f" with {configuration}" if configuration else ""
-                lines.append(f"{name}{where}: {first} -> {then}")
+                lines.append(f"{_named(cell)}{where}: {first} -> {then}")
     return lines
+
+
+def _cell(row: dict[str, Any]) -> tuple[str, str, str]:
+    return row["operation"], row["dtype"], row["reduce_op"]
+
+
+def _named(cell: tuple[str, str, str]) -> str:
+    """"all_reduce float32 sum", "broadcast int8": a cell in a line, its "-" left out."""
+    return " ".join(part for part in cell if part != "-")
 
 
 def _added(first: _Tally, second: _Tally) -> _Tally:
@@ -394,8 +402,7 @@ def differences(each: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for configuration, rows in each.items():
         for r in rows:
             if r["status"] != UNTESTED:
-                cell = (r["operation"], r["dtype"], r["reduce_op"])
-                statuses.setdefault(cell, {})[configuration] = r["status"]
+                statuses.setdefault(_cell(r), {})[configuration] = r["status"]
     found = []
     for cell, by_configuration in sorted(statuses.items()):
         if len(set(by_configuration.values())) < 2:
@@ -403,7 +410,7 @@ def differences(each: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         grouped: dict[str, list[str]] = {}
         for configuration, status in by_configuration.items():
             grouped.setdefault(status, []).append(configuration)
-        name = " ".join(part for part in cell if part != "-")
+        name = _named(cell)
         if FAIL in grouped:
             others = "; ".join(f"{s} with {', '.join(c)}" for s, c in grouped.items() if s != FAIL)
             line = f"{name} FAILs only with {', '.join(grouped[FAIL])} ({others})"

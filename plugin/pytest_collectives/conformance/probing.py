@@ -75,7 +75,7 @@ def _agreed_semantics(per_rank: list[dict[Any, str]]) -> dict[Any, str]:
     return agreed
 
 
-_TRAINING_PROBED = pytest.StashKey[set[int]]()  # the probes (by id) whose training rows were added
+_TRAINING_PROBED = pytest.StashKey[set[tuple[int, Any]]]()  # the probes (as _PROBED keys them) with them
 
 
 @pytest.fixture(autouse=True)
@@ -101,13 +101,14 @@ def _with_training_rows(request: pytest.FixtureRequest, found: Capabilities) -> 
     """The probe with the training stacks' rows added, probed once per world size, only in sessions that
     run a test marked ``training`` (each makes device meshes, a group rendezvous per mesh dimension)."""
     from pytest_collectives.conformance import training
-    from pytest_collectives.execution.session import run_on_ranks
+    from pytest_collectives.execution.session import SESSION, run_on_ranks
 
+    configuration = request.config.stash[SESSION].configuration
     done = request.config.stash.setdefault(_TRAINING_PROBED, set())
-    if id(found) not in done:
+    if (found.world_size, configuration.env) not in done:
         answers = run_on_ranks(request.config, found.world_size, training.probe_rows)
         found.cells.update(answers[0])
-        done.add(id(found))
+        done.add((found.world_size, configuration.env))
         if (matrix := request.config.stash.get(MATRIX, None)) is not None:
-            matrix.add_probe(found, request.getfixturevalue("backend_env").id)
+            matrix.add_probe(found, configuration.id)
     return found

@@ -267,6 +267,12 @@ def last_words(stderr: str) -> str:
     return "\n".join(lines[max(0, fatal[-1] - ABORT_REASON_LINES) : fatal[-1] + CRASH_TAIL_LINES])
 
 
+def _last_line(report: RankReport | None, otherwise: str) -> str:
+    """The last line of what a rank said (its exception, for a traceback), or ``otherwise``."""
+    said = report.detail.strip() if report else ""
+    return said.splitlines()[-1] if said else otherwise
+
+
 def _readable(fds: Iterable[int]) -> list[int]:
     """Those of ``fds`` that can be read now (a message, EOF, or an exited process's sentinel). By poll, as
     below: select() can't take a descriptor numbered 1024 or more, which a long session may hand out."""
@@ -402,8 +408,7 @@ class GroupPool:
         # rejected the configuration, not a fault of the group.
         statuses = {r.status for r in failure.ranks} if failure is not None else set()
         if env and FAILED in statuses and CRASHED not in statuses:
-            raised = next(r for r in failure.ranks if r.status == FAILED)
-            words = raised.detail.strip().splitlines()[-1] if raised.detail.strip() else "no words"
+            words = _last_line(next(r for r in failure.ranks if r.status == FAILED), "no words")
             group.kill()
             self.rejected[env] = Rejected(Configuration(env), self.backend, words)
             raise self.rejected[env]
@@ -448,7 +453,7 @@ class GroupPool:
         if outcome.verdict() == PASSED and len(answers) == group.spec.world_size:
             return group.fit_for_reuse(answers)
         failed = next((r for r in outcome.ranks if r.status != PASSED), None)
-        said = failed.detail.strip().splitlines()[-1] if failed and failed.detail.strip() else "no answer"
+        said = _last_line(failed, "no answer")
         return [*suspect, f"and the group then failed a probe all_reduce (rank {failed.rank}: {said})"]
 
     def discard(self, world_size: int, env: Env = ()) -> None:

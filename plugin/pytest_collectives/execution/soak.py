@@ -101,15 +101,12 @@ def requested(config: pytest.Config, spmd_mode: bool) -> float | None:
 class Soak:
     """Runs the session's items pass after pass (pytest_runtestloop), and reports what the passes did."""
 
-    def __init__(
-        self, config: pytest.Config, seconds: float, settings: options.Settings, session: Any, drift: float
-    ) -> None:
-        self.config = config
+    def __init__(self, seconds: float, session: Any, drift: float) -> None:
+        self.session = session  # the DistributedSession: its config and settings; it keeps the groups
+        self.config = session.config
         self.drift = drift  # how much worse a benchmark may get over the passes before a WARN
         self.seconds = seconds
-        self.settings = settings
-        self.session = session  # the DistributedSession: it keeps its groups from pass to pass
-        seed = config.getoption("hypothesis_seed", None)
+        seed = self.config.getoption("hypothesis_seed", None)
         self.first_seed = int(seed) if seed is not None and str(seed).isdigit() else random.randrange(1 << 16)
         self.passes = 0  # passes begun
         self.started = 0.0
@@ -203,7 +200,7 @@ class Soak:
             configuration = configurations.of_item(item) if item else configurations.Configuration()
             callspec = getattr(item, "callspec", None)
             world_size = callspec.params.get("world_size") if callspec else None
-            command = replay(nodeid, found.seed, self.settings, configuration, world_size)
+            command = replay(nodeid, found.seed, self.session.settings, configuration, world_size)
             by_configuration.setdefault(str(configuration), []).append(
                 f"  {nodeid} failed in {len(found.passes)} of {self.passes} passes, first at "
                 f"{clock(found.first_at)} (pass {found.passes[0]}); replay: {command}"
