@@ -485,22 +485,25 @@ class WrongAfterWear(ReferenceBackend):
 
 
 class WrongOnceInThousands(ReferenceBackend):
-    """float32 all_reduce is wrong (its first element off by one) in one call of ACME_ONE_IN (default 3000)
-    on average, at random: an intermittent corruption a single run seldom meets."""
+    """float32 all_reduce is wrong (its first element changed) in one call of ACME_ONE_IN (default 3000) on
+    average, at random: an intermittent corruption a single run seldom meets. ACME_ONE_IN_SEED fixes the
+    draws (a test's, so that which calls it hits does not vary from run to run)."""
 
     name = "mutant_wrong_once_in_thousands"
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.one_in = int(os.environ.get("ACME_ONE_IN", "3000"))
-        self.random = random.Random(os.urandom(8))
+        self.random = random.Random(os.environ.get("ACME_ONE_IN_SEED") or os.urandom(8))
 
     def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
         work = super().allreduce(tensors, opts)
-        hit = self.random.randrange(self.one_in) == 0
-        if hit and tensors[0].dtype == torch.float32 and tensors[0].numel():
+        float32 = tensors[0].dtype == torch.float32 and tensors[0].numel()
+        if float32 and self.random.randrange(self.one_in) == 0:
             work.wait()
-            tensors[0].view(-1)[0] += 1
+            first = tensors[0].view(-1)[:1]
+            # changed whatever it holds: +1 is lost on a large float, and on inf or NaN
+            first.copy_(torch.where(first.isfinite(), first + first.abs().clamp(min=1.0), 0.0))
         return work
 
 

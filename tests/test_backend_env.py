@@ -47,7 +47,8 @@ def test_a_preset_names_the_settings_a_vendor_sweeps() -> None:
 @pytest.mark.parametrize(
     "values, message",
     [
-        (["nccl-protocol"], "--backend-env nccl-protocol: expected NAME=V1,V2 or a preset (gloo-lazy-init, "),
+        # (the presets named: those of the backend modules imported so far too, acme-proto in this process)
+        (["nccl-protocol"], "--backend-env nccl-protocol: expected NAME=V1,V2 or a preset ("),
         (["1BAD=a"], "--backend-env 1BAD=a: '1BAD' is not an environment variable's name"),
         (["ACME=a,,b"], "--backend-env ACME=a,,b: give each value, e.g. --backend-env ACME=A,B"),
         (["ACME=a,a"], "--backend-env ACME=a,a: a value is listed twice; list each once"),
@@ -58,6 +59,8 @@ def test_a_bad_value_names_what_to_fix(values: list[str], message: str) -> None:
     with pytest.raises(OptionError) as caught:
         parse(values)
     assert str(caught.value).startswith(message)
+    if values == ["nccl-protocol"]:
+        assert all(preset in str(caught.value) for preset in ("gloo-lazy-init", "nccl-proto,", "nccl-nvls"))
 
 
 def test_a_cell_differing_between_configurations_gets_one_line() -> None:
@@ -91,7 +94,9 @@ def test_a_bug_under_one_setting_fails_only_there_and_the_run_names_it(pytester:
     assert plain.ret == 0, plain.stdout.str()[-3000:]
     assert "ACME_PROTO" not in plain.stdout.str()  # the default run is unchanged: no configuration in ids
 
-    swept = pytester.runpytest(*args, "--backend-env", "acme-proto", "--capability-json", "matrix.json")
+    swept = pytester.runpytest(
+        *args, "--backend-env", "acme-proto", "--capability-json", "matrix.json", "--node-report", "report"
+    )
     out = swept.stdout.str()
     failed = sorted(set(re.findall(r"^FAILED (\S+)", out, re.MULTILINE)))
     assert failed and all("[ws2-ACME_PROTO=LL128-" in nodeid for nodeid in failed), out[-3000:]
@@ -110,6 +115,12 @@ def test_a_bug_under_one_setting_fails_only_there_and_the_run_names_it(pytester:
         d["statuses"]["ACME_PROTO=LL128"] == "FAIL" and set(d["statuses"].values()) == {"FAIL", "PASS"}
         for d in doc["differences"]
     ), doc["differences"]
+    # the node report: each configuration's tests, and the verdict that they fail under one setting only
+    report = json.loads((pytester.path / "report" / "report.json").read_text())
+    counts = {c["backend_env"]: c["failed"] for c in report["tests"]["configurations"]}
+    assert counts == {"ACME_PROTO=LL": 0, "ACME_PROTO=LL128": len(failed), "ACME_PROTO=Simple": 0}, counts
+    check = next(c for c in report["checks"] if c["name"] == "backend settings")
+    assert check["status"] == "FAIL" and check["reason"].startswith("Tests failed only with ACME_PROTO=LL128")
 
 
 @pytest.mark.skipif(
@@ -169,7 +180,8 @@ def test_the_benchmarks_of_a_sweep_are_compared_per_setting(pytester: pytest.Pyt
     copy_checkout(pytester.path)
     result = pytester.runpytest(
         "suites/perf/test_collectives.py", "-k", "test_all_reduce and ws2 and -4KiB- and -all_reduce]",
-        "--backend-env", "TORCH_GLOO_LAZY_INIT=0,1", "--benchmark-json", "b.json", "-p", "no:cacheprovider",
+        "--backend-env", "TORCH_GLOO_LAZY_INIT=0,1", "--benchmark-json", "b.json", "--node-report", "report",
+        "-p", "no:cacheprovider",
     )  # fmt: skip
     out = result.stdout.str()
     assert result.ret == 0, out[-3000:]
@@ -184,6 +196,12 @@ def test_the_benchmarks_of_a_sweep_are_compared_per_setting(pytester: pytest.Pyt
     assert sorted(b["extra_info"]["backend_env"] for b in saved) == [
         "TORCH_GLOO_LAZY_INIT=0",
         "TORCH_GLOO_LAZY_INIT=1",
+    ]
+    # in the node report, a line of the bus bandwidth plot per configuration
+    report = json.loads((pytester.path / "report" / "report.json").read_text())
+    assert sorted(row["name"] for row in report["collectives"]) == [
+        "all_reduce n=2 TORCH_GLOO_LAZY_INIT=0",
+        "all_reduce n=2 TORCH_GLOO_LAZY_INIT=1",
     ]
 
 

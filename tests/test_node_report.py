@@ -398,3 +398,96 @@ def test_a_sweep_of_backend_settings_is_in_the_report(tmp_path):
     assert f"; 2 difference(s) between backend settings, first: {line}" in check["reason"]
     rejected = "NCCL_PROTO=Bad: rejected (RuntimeError: unknown protocol)"
     assert check["details"]["backend_settings"] == [line, rejected]
+
+
+@pytest.mark.parametrize(
+    "failed, status, said",
+    [
+        ((0, 0, 0), "PASS", "No test failed in any of the 3 configurations."),
+        ((0, 4, 0), "FAIL", "Tests failed only with P=LL128 (none with P=LL and P=Simple): the backend is"),
+        ((1, 4, 2), "FAIL", "Tests failed in every one of the 3 configurations: not a fault of one setting"),
+    ],
+)
+def test_the_tests_of_each_configuration_are_a_table_naming_the_setting_they_fail_under(
+    tmp_path, failed, status, said
+):
+    data = cpu_data()
+    data["tests"]["configurations"] = [
+        {"backend_env": f"P={name}", "passed": 10 - n, "failed": n, "skipped": 1}
+        for name, n in zip(("LL", "LL128", "Simple"), failed, strict=True)
+    ]
+    files = write_report(tmp_path, data)
+    check = next(c for c in read_json(files)["checks"] if c["name"] == "backend settings")
+    assert check["status"] == status and check["reason"].startswith(said), check
+    assert check["details"]["table"]["rows"][1] == ["P=LL128", 10 - failed[1], failed[1], 1]
+    assert f"| P=LL128 | {10 - failed[1]} | {failed[1]} | 1 |" in files["report.md"].read_text()
+    data["tests"].pop("configurations")  # a plain run: no such check
+    assert "backend settings" not in {c["name"] for c in read_json(write_report(tmp_path, data))["checks"]}
+
+
+def soak_data(values: list[float], failures: list[dict] | None = None) -> dict:
+    return {
+        "duration_s": 600.0, "elapsed_s": 30.0 * len(values), "passes": len(values),
+        "ended": "the time was spent", "first_seed": 7, "tolerance": 0.1, "failures": failures or [],
+        "series": [
+            {"benchmark": "perf/test_c.py::test_all_reduce[ws2-1MiB]", "unit": "busbw GB/s",
+             "points": [[30.0 * (k + 1), v] for k, v in enumerate(values)]},
+            {"benchmark": "perf/test_p2p.py::test_send_latency[ws2]", "unit": "latency us",
+             "points": [[30.0 * (k + 1), 20.0] for k in range(len(values))]},
+        ],
+    }  # fmt: skip
+
+
+def test_a_soak_s_bandwidth_over_time_is_plotted_and_a_drift_beyond_the_tolerance_warns(tmp_path):
+    data = cpu_data()
+    data["soak"] = soak_data([2.0, 2.1, 1.9, 2.0, 1.8, 1.9, 1.5, 1.4, 1.5])
+    files = write_report(tmp_path, data)
+    report = read_json(files)
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert by_name["burn-in"]["status"] == "PASS"
+    assert by_name["burn-in"]["reason"] == (
+        "9 passes in 4m30s (the time was spent; first hypothesis seed 7): no test failed in any pass."
+    )
+    drift = by_name["burn-in bandwidth"]
+    assert drift["status"] == "WARN" and report["verdict"] == "WARN", drift
+    assert drift["reason"].startswith("1 of 2 benchmarks got worse over the soak beyond the tolerance of 10%")
+    assert drift["details"]["table"]["rows"] == [
+        ["perf/test_c.py::test_all_reduce[ws2-1MiB]", "busbw GB/s", "2.000", "1.500", "25%"]
+    ]
+    assert_png(files[plots.SOAK_PLOT])
+    html = files["report.html"].read_text()
+    assert "<h2>Burn-in</h2>" in html and "9 passes of the selected tests in 270 s of the 600 asked" in html
+    # steady: PASS; too few passes to tell the first third from the last: PASS that says so, never judged
+    data["soak"] = soak_data([2.0] * 9)
+    by_name = {c["name"]: c for c in read_json(write_report(tmp_path, data))["checks"]}
+    assert by_name["burn-in bandwidth"]["status"] == "PASS"
+    assert "none got worse from its first passes to its last" in by_name["burn-in bandwidth"]["reason"]
+    data["soak"] = soak_data([2.0, 1.0, 0.5])
+    by_name = {c["name"]: c for c in read_json(write_report(tmp_path, data))["checks"]}
+    assert by_name["burn-in bandwidth"]["status"] == "PASS"
+    assert "too few to judge a drift" in by_name["burn-in bandwidth"]["reason"]
+
+
+def test_a_soak_s_failures_are_a_table_with_their_rate_and_replay_command(tmp_path):
+    data = cpu_data()
+    replay = "pytest 't.py::test_x[ws2-P=LL128]' --hypothesis-seed=9 --backend acme --world-sizes 2"
+    failure = {"nodeid": "t.py::test_x[ws2-P=LL128]", "backend_env": "P=LL128", "failed_passes": 3,
+               "first_pass": 3, "first_at_s": 75.5, "replay": replay}  # fmt: skip
+    data["soak"] = {**soak_data([2.0] * 5, [failure]), "series": []}
+    files = write_report(tmp_path, data)
+    report = read_json(files)
+    check = next(c for c in report["checks"] if c["name"] == "burn-in")
+    assert check["status"] == "FAIL" and report["verdict"] == "FAIL"
+    assert check["reason"].startswith(
+        "5 passes in 2m30s (the time was spent; first hypothesis seed 7): 1 test(s) failed, first "
+        "t.py::test_x[ws2-P=LL128] at 1m15s (pass 3, failing in 3 of 5)"
+    )
+    assert check["details"]["table"]["rows"] == [
+        ["t.py::test_x[ws2-P=LL128]", "P=LL128", "3 of 5 passes", "1m15s (pass 3)", replay]
+    ]
+    assert "burn-in bandwidth" not in {c["name"] for c in report["checks"]}  # no benchmark ran
+    assert not files.get(plots.SOAK_PLOT)
+    assert "No benchmark ran in the soak" in files["report.html"].read_text()
+    data["soak"]["failures"][0]["failed_passes"] = 0
+    with pytest.raises(ReportError, match=r"soak\.failures\[0\]\.failed_passes"):
+        write_report(tmp_path, data)

@@ -5,6 +5,7 @@ wrong in one call of many."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -15,7 +16,7 @@ import time
 
 import pytest
 from docblocks import block_of, unshown
-from helpers import copy_conformance, torch_below
+from helpers import copy_checkout, copy_conformance, torch_below
 
 from pytest_collectives.bench import side_by_side
 from pytest_collectives.execution import configurations, options
@@ -60,16 +61,19 @@ def test_a_benchmark_that_got_worse_over_the_passes_is_a_warning() -> None:
         ("b.py::test_ar[ws2]", {"busbw_GBps": v}) for v in (2.0, 2.1, 1.9, 2.0, 1.8, 1.9, 1.5, 1.4, 1.5)
     ]
     slower = [("b.py::test_lat[ws2]", {"latency_us": v}) for v in (10, 10, 10, 10, 10, 10, 13, 12, 13)]
-    assert side_by_side.drifted(steady, 0.1) == [] and side_by_side.drifted(falling[:8], 0.1) == []
-    (warned,) = side_by_side.drifted(falling, 0.1)
+    def drifted(records: list, tolerance: float) -> list[str]:
+        return [d.line(tolerance) for d in side_by_side.drifted(side_by_side.figures(records), tolerance)]
+
+    assert drifted(steady, 0.1) == [] and drifted(falling[:8], 0.1) == []
+    (warned,) = drifted(falling, 0.1)
     assert warned.startswith(
         "WARN b.py::test_ar[ws2]: busbw GB/s 2.000 in the first 3 passes, 1.500 in the last 3: 25%"
     )
-    (warned,) = side_by_side.drifted(slower, 0.1)
+    (warned,) = drifted(slower, 0.1)
     assert warned.startswith(
         "WARN b.py::test_lat[ws2]: latency us 10.000 in the first 3 passes, 13.000 in the"
     )
-    assert side_by_side.drifted(slower, 0.5) == []
+    assert drifted(slower, 0.5) == []
 
 
 def _run(pytester: pytest.Pytester, backend: str, *args: str) -> pytest.RunResult:
@@ -117,11 +121,24 @@ def test_a_rare_corruption_gets_its_rate_and_a_replay_command(
     """float32 all_reduce wrong in 1 call of 40, at random: the soak reports in how many passes of how many
     it failed, and a command that runs that test again with the failing pass's seed."""
     monkeypatch.setenv("ACME_ONE_IN", "40")
-    soak = _run(pytester, "mutant_wrong_once_in_thousands", "--soak", "12s")
+    monkeypatch.setenv("ACME_ONE_IN_SEED", "1")  # which calls are hit, and the passes' seeds, run to run
+    soak = _run(
+        pytester, "mutant_wrong_once_in_thousands", "--soak", "12s", "--node-report", "report",
+        "--hypothesis-seed=1",
+    )  # fmt: skip
     out = soak.stdout.str()
     assert soak.ret == 1, out[-3000:]
     found = re.search(rf"^  {re.escape(TEST)} failed in (\d+) of (\d+) passes, .*; replay: (.+)$", out, re.M)
     assert found and 1 <= int(found[1]) <= int(found[2]) and int(found[2]) >= 2, out[-3000:]
+    # the node report has the same: the soak's passes, the failure's rate and its replay command
+    report = json.loads((pytester.path / "report" / "report.json").read_text())
+    (failure,) = report["soak"]["failures"]
+    assert (failure["nodeid"], failure["failed_passes"], report["soak"]["passes"]) == (
+        TEST, int(found[1]), int(found[2])
+    )  # fmt: skip
+    assert failure["replay"] == found[3]
+    check = next(c for c in report["checks"] if c["name"] == "burn-in")
+    assert check["status"] == "FAIL" and f"failing in {found[1]} of {found[2]})" in check["reason"]
     command = shlex.split(found[3])
     assert command[:2] == ["pytest", TEST] and re.fullmatch(r"--hypothesis-seed=\d+", command[2]), command
     collected = subprocess.run(
@@ -130,6 +147,28 @@ def test_a_rare_corruption_gets_its_rate_and_a_replay_command(
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )  # fmt: skip
     assert collected.returncode == 0 and f"{TEST}\n" in collected.stdout, collected.stdout + collected.stderr
+
+
+def test_a_soak_s_benchmarks_are_sampled_each_pass_into_the_node_report(pytester: pytest.Pytester) -> None:
+    """The perf suite's all_reduce at one size, soaked: a figure per pass, stamped with the time into the
+    soak, in the node report's soak series, with its plot and the check of its drift."""
+    copy_checkout(pytester.path)
+    result = pytester.runpytest(
+        "suites/perf/test_collectives.py", "-k", "test_all_reduce and ws2 and -4KiB- and -all_reduce]",
+        "--soak", "10s", "--node-report", "report", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    folder = pytester.path / "report"
+    soak = json.loads((folder / "report.json").read_text())["soak"]
+    (series,) = soak["series"]
+    assert series["benchmark"].endswith("::test_all_reduce[ws2-4KiB-all_reduce]") and soak["passes"] >= 2
+    times = [at for at, _ in series["points"]]
+    assert len(times) == soak["passes"] and times == sorted(times) and times[-1] <= soak["elapsed_s"]
+    assert series["unit"] == "busbw GB/s" and all(value > 0 for _, value in series["points"])
+    checks = {c["name"]: c for c in json.loads((folder / "report.json").read_text())["checks"]}
+    assert checks["burn-in"]["status"] == "PASS" and "burn-in bandwidth" in checks
+    assert (folder / "soak_over_time.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_ctrl_c_ends_the_soak_with_the_report_of_what_ran(pytester: pytest.Pytester) -> None:

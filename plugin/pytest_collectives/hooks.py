@@ -138,12 +138,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config, gate_settings.read(config), settings.backend, settings.gpus, can_remeasure=env is None
     )
     config.pluginmanager.register(baseline_gate, "collectives-gate")
+    soaking = None
     if soak_s:  # a drift beyond the gate's tolerance over the passes is a WARN
         drift = baseline_gate.settings.tolerance or baseline_gate.settings.min_effect
-        config.pluginmanager.register(soak.Soak(soak_s, session, drift), "collectives-soak")
+        soaking = soak.Soak(soak_s, session, drift)
+        config.pluginmanager.register(soaking, "collectives-soak")
     if isinstance(launcher, spmd.SpmdLauncher):
         launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank
     if config.getoption("node_report"):
         directory = config.getoption("node_report")
-        report = session_report.NodeReport(config, directory, settings.gpus, baseline_gate, matrix)
+        report = session_report.NodeReport(
+            config, directory, settings.gpus, baseline_gate, matrix, soaking
+        )
         config.pluginmanager.register(report, "collectives-node-report")

@@ -5,8 +5,8 @@ thermal or link trouble)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from pytest_collectives.bench import shim as benchmark_shim
 
@@ -46,29 +46,50 @@ def by_configuration(records: Iterable[tuple[str, dict[str, Any]]]) -> list[str]
     return lines
 
 
-def drifted(records: Iterable[tuple[str, dict[str, Any]]], tolerance: float) -> list[str]:
-    """Each benchmark whose figure got worse by more than ``tolerance`` (a fraction) from the first third
-    of its samples (a soak's passes) to the last third, with at least 3 samples a third."""
-    series: dict[str, list[float]] = {}
-    units: dict[str, str] = {}
+def figures(records: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, tuple[str, list[float]]]:
+    """Each benchmark's unit and its figures in the order they ran (a soak's passes)."""
+    series: dict[str, tuple[str, list[float]]] = {}
     for name, extra in records:
-        value, units[name] = figure(extra)
-        series.setdefault(name, []).append(value)
-    lines = []
-    for name, values in series.items():
+        value, unit = figure(extra)
+        series.setdefault(name, (unit, []))[1].append(value)
+    return series
+
+
+class Drift(NamedTuple):
+    """A benchmark that got worse over a soak: its median figure over the first and the last third of
+    the passes."""
+
+    name: str
+    unit: str
+    first: float
+    last: float
+    third: int  # samples a third
+    worse: float  # a fraction
+
+    def line(self, tolerance: float) -> str:
+        return (
+            f"WARN {self.name}: {self.unit} {self.first:.3f} in the first {self.third} passes, "
+            f"{self.last:.3f} in the last {self.third}: {self.worse:.0%} worse, beyond the tolerance of "
+            f"{tolerance:.0%} (thermal or link trouble?)"
+        )
+
+
+def drifted(series: Mapping[str, tuple[str, Sequence[float]]], tolerance: float) -> list[Drift]:
+    """Each benchmark whose figure got worse by more than ``tolerance`` (a fraction) from the first third
+    of its samples (``series`` as figures() gives them) to the last third, with at least 3 samples a
+    third."""
+    found = []
+    for name, (unit, values) in series.items():
         third = len(values) // 3
         if third < 3:
             continue
         first, last = statistics.median(values[:third]), statistics.median(values[-third:])
-        higher_is_better = units[name].startswith("busbw")
-        worse = (first - last) / first if higher_is_better else (last - first) / first
-        if first > 0 and worse > tolerance:
-            lines.append(
-                f"WARN {name}: {units[name]} {first:.3f} in the first {third} passes, {last:.3f} in the last "
-                f"{third}: {worse:.0%} worse, beyond the tolerance of {tolerance:.0%} (thermal or link "
-                "trouble?)"
-            )
-    return lines
+        if first <= 0:
+            continue
+        worse = (first - last) / first if unit.startswith("busbw") else (last - first) / first
+        if worse > tolerance:
+            found.append(Drift(name, unit, first, last, third, worse))
+    return found
 
 
 def records(config: Any) -> list[tuple[str, dict[str, Any]]]:

@@ -384,6 +384,9 @@ class DistributedSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> None:
         self.configuration = configurations.of_item(item)
+        if self.configuration.env and ("backend_env", self.configuration.id) not in item.user_properties:
+            # on its reports (under xdist too) and in JUnit XML: which settings each outcome was under
+            item.user_properties.append(("backend_env", self.configuration.id))
         for key in (_outcome_key, _KNOWN_SEEN):  # a soak's earlier pass of the item
             if key in item.stash:
                 del item.stash[key]

@@ -113,6 +113,8 @@ class Soak:
         self.failures: dict[str, Failures] = {}
         self.items: dict[str, pytest.Item] = {}
         self.ended = "the time was spent"
+        # each benchmark of each pass, stamped with the seconds into the soak its pass ended at
+        self.samples: list[tuple[float, str, dict[str, Any]]] = []
 
     def seed_of(self, number: int) -> int:
         """Pass ``number``'s hypothesis seed: consecutive seeds, which also walk the sweeps' rotation."""
@@ -151,6 +153,8 @@ class Soak:
                     item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
                     if session.shouldfail or session.shouldstop:
                         raise session.Failed(session.shouldfail or session.shouldstop)
+                ran = side_by_side.records(self.config)
+                self.samples += [(self.elapsed(), name, extra) for name, extra in ran[len(self.samples) :]]
                 failed = sum(1 for f in self.failures.values() if self.passes in f.passes)
                 if reporter is not None and (failed or self.elapsed() - said_at >= PROGRESS_EVERY_S):
                     reporter.write_line(self.progress(failed))
@@ -190,28 +194,67 @@ class Soak:
             if self.passes not in found.passes:
                 found.passes.append(self.passes)
 
-    def lines(self) -> list[str]:
-        """The soak's report: passes made, then per configuration each test that failed."""
-        lines = [f"soak: {self.passes} pass(es) in {clock(self.elapsed())}, {self.ended}; first seed "
-                 f"{self.first_seed}"]  # fmt: skip
-        by_configuration: dict[str, list[str]] = {}
-        for nodeid, found in self.failures.items():
+    def failed(self) -> list[dict[str, Any]]:
+        """Each test that failed: its configuration, how often, when first, and the command replaying it."""
+        found = []
+        for nodeid, failures in self.failures.items():
             item = self.items.get(nodeid)
             configuration = configurations.of_item(item) if item else configurations.Configuration()
             callspec = getattr(item, "callspec", None)
             world_size = callspec.params.get("world_size") if callspec else None
-            command = replay(nodeid, found.seed, self.session.settings, configuration, world_size)
-            by_configuration.setdefault(str(configuration), []).append(
-                f"  {nodeid} failed in {len(found.passes)} of {self.passes} passes, first at "
-                f"{clock(found.first_at)} (pass {found.passes[0]}); replay: {command}"
-            )
+            found.append({
+                "nodeid": nodeid,
+                "backend_env": configuration.id,
+                "failed_passes": len(failures.passes),
+                "first_pass": failures.passes[0],
+                "first_at_s": round(failures.first_at, 3),
+                "replay": replay(nodeid, failures.seed, self.session.settings, configuration, world_size),
+            })  # fmt: skip
+        return found
+
+    def series(self) -> dict[str, tuple[str, list[tuple[float, float]]]]:
+        """Each benchmark's unit and its (seconds into the soak, figure) of every pass."""
+        series: dict[str, tuple[str, list[tuple[float, float]]]] = {}
+        for at, name, extra in self.samples:
+            value, unit = side_by_side.figure(extra)
+            series.setdefault(name, (unit, []))[1].append((at, value))
+        return series
+
+    def lines(self) -> list[str]:
+        """The soak's report: passes made, then per configuration each test that failed."""
+        lines = [f"soak: {self.passes} pass(es) in {clock(self.elapsed())}, {self.ended}; first seed "
+                 f"{self.first_seed}"]  # fmt: skip
         if not self.failures:
             lines.append("no test failed in any pass")
-        lines += side_by_side.drifted(side_by_side.records(self.config), self.drift)
+        figures = {name: (unit, [v for _, v in points]) for name, (unit, points) in self.series().items()}
+        lines += [drift.line(self.drift) for drift in side_by_side.drifted(figures, self.drift)]
+        by_configuration: dict[str, list[str]] = {}
+        for found in self.failed():
+            by_configuration.setdefault(found["backend_env"], []).append(
+                f"  {found['nodeid']} failed in {found['failed_passes']} of {self.passes} passes, first at "
+                f"{clock(found['first_at_s'])} (pass {found['first_pass']}); replay: {found['replay']}"
+            )
         for configuration, failed in by_configuration.items():
-            lines.append(f"with {configuration}: {len(failed)} test(s) failed")
+            named = configuration or configurations.Configuration()
+            lines.append(f"with {named}: {len(failed)} test(s) failed")
             lines += failed
         return lines
+
+    def document(self) -> dict[str, Any]:
+        """The soak for the node report (its ``soak``): what ran, what failed, each benchmark over time."""
+        return {
+            "duration_s": self.seconds,
+            "elapsed_s": round(self.elapsed(), 3),
+            "passes": self.passes,
+            "ended": self.ended,
+            "first_seed": self.first_seed,
+            "tolerance": self.drift,
+            "failures": self.failed(),
+            "series": [
+                {"benchmark": name, "unit": unit, "points": [[round(at, 3), value] for at, value in points]}
+                for name, (unit, points) in self.series().items()
+            ],
+        }
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.passes:

@@ -140,6 +140,8 @@ def collective_rows(results: dict[str, BenchmarkEntry]) -> list[dict[str, Any]]:
             name = f"{info.get('algorithm', info['collective'])} n={info['world_size']}"
             if "steps" in info:
                 name += f" S={info['steps']}"
+            if info.get("backend_env"):  # --backend-env: a line per configuration, side by side
+                name += f" {info['backend_env']}"
             rows.append(
                 {"name": name, "bytes": info["nbytes"], "busbw_GBps": info["busbw_GBps"],
                  "algbw_GBps": info["algbw_GBps"]}
@@ -156,14 +158,18 @@ def extension_checks(answers: list[Mapping[str, Sequence[Mapping[str, Any]]] | N
 
 
 class NodeReport:
-    def __init__(self, config: pytest.Config, directory: str, gpus: int, gate: Any, matrix: Any) -> None:
+    def __init__(
+        self, config: pytest.Config, directory: str, gpus: int, gate: Any, matrix: Any, soak: Any = None
+    ) -> None:
         """``gate`` (gate.plugin.BaselineGate) holds the machine and the baseline's verdicts; ``matrix``
-        (conformance.matrix.CapabilityMatrix) the conformance run's cells."""
-        self.config, self.gate, self.matrix = config, gate, matrix
+        (conformance.matrix.CapabilityMatrix) the conformance run's cells; ``soak`` (execution.soak.Soak),
+        under --soak, the passes."""
+        self.config, self.gate, self.matrix, self.soak = config, gate, matrix, soak
         self.directory = Path(directory)
         if self.directory.exists() and not self.directory.is_dir():
             raise pytest.UsageError(f"--node-report {directory}: is a file; name a folder to write into")
         self.counts = {"passed": 0, "failed": 0, "skipped": 0}
+        self.by_configuration: dict[str, dict[str, int]] = {}  # --backend-env: the counts of each
         self.failures: list[dict[str, str]] = []
         self.written: dict[str, Path] = {}
         self.error = ""
@@ -174,6 +180,10 @@ class NodeReport:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or report.outcome != "passed":
             self.counts[report.outcome] += 1
+            configuration = dict(report.user_properties).get("backend_env")
+            if configuration is not None:
+                counts = self.by_configuration.setdefault(configuration, dict.fromkeys(self.counts, 0))
+                counts[report.outcome] += 1
             if report.failed:
                 self.failures.append(
                     {"nodeid": report.nodeid, "longrepr": report.longreprtext[-MAX_LONGREPR:]}
@@ -221,8 +231,9 @@ class NodeReport:
                     for name, v in gate_plugin.rows
                 ],  # fmt: skip
             },
-            "tests": {**self.counts, "failures": self.failures},
+            "tests": {**self.counts, "failures": self.failures, **self._configurations()},
             "capabilities": self._capabilities(),
+            "soak": self.soak.document() if self.soak is not None and self.soak.passes else None,
         }
         try:
             data["extensions"] = extension_checks(
@@ -237,6 +248,12 @@ class NodeReport:
         except (ReportError, OSError) as exc:
             self.error = f"node report not written: {exc}"
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _configurations(self) -> dict[str, Any]:
+        """Under --backend-env, the tests' counts of each configuration (``configurations``)."""
+        if not self.by_configuration:
+            return {}
+        return {"configurations": [{"backend_env": c, **n} for c, n in self.by_configuration.items()]}
 
     def _capabilities(self) -> dict[str, Any] | None:
         """The conformance suites' capability matrix, where a conformance test probed a group."""

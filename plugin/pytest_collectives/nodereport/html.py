@@ -16,7 +16,7 @@ from pytest_collectives.nodereport import pages
 from pytest_collectives.nodereport.checks import STATUSES, TABLE, Check, worst_first
 from pytest_collectives.nodereport.links import link_meaning
 from pytest_collectives.nodereport.matrix import explain_pairs
-from pytest_collectives.nodereport.plots import BASELINE_PLOT, BUSBW_PLOT, P2P_PLOT
+from pytest_collectives.nodereport.plots import BASELINE_PLOT, BUSBW_PLOT, P2P_PLOT, SOAK_PLOT
 from pytest_collectives.nodereport.schema import has_pairs, regression_threshold
 from pytest_collectives.nodereport.sizes import human_bytes
 
@@ -39,6 +39,8 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> 
         p2p_plot=_plot(P2P_PLOT, plots[P2P_PLOT]),
         busbw_plot=_plot(BUSBW_PLOT, plots[BUSBW_PLOT]),
         baseline_plot=_plot(BASELINE_PLOT, plots[BASELINE_PLOT]),
+        soak=report.get("soak"),
+        soak_plot=_plot(SOAK_PLOT, plots.get(SOAK_PLOT, "")),
         explain=_explain(report["p2p"]),
         latency=_latency(report.get("p2p_latency")),
         host=_host_device(report.get("host_device")),

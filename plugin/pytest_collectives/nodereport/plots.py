@@ -1,5 +1,5 @@
-"""The report's PNG plots: the P2P bandwidth heatmap, bus bandwidth against message size, and the benchmarks
-against their baseline.
+"""The report's PNG plots: the P2P bandwidth heatmap, bus bandwidth against message size, the benchmarks
+against their baseline, and a soak's benchmarks over time.
 
 matplotlib is an optional extra (`pytest-collectives[report]`), imported only when a plot is drawn and only
 through its Figure API, never pyplot, so the backend of the user's process is left alone. `draw_plots` gives
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +22,9 @@ from pytest_collectives.nodereport.schema import has_pairs, regression_threshold
 from pytest_collectives.nodereport.sizes import human_bytes
 
 P2P_PLOT, BUSBW_PLOT, BASELINE_PLOT = "p2p_bandwidth.png", "busbw_vs_size.png", "baseline_comparison.png"
-PLOTS = (P2P_PLOT, BUSBW_PLOT, BASELINE_PLOT)
+SOAK_PLOT = "soak_over_time.png"
+PLOTS = (P2P_PLOT, BUSBW_PLOT, BASELINE_PLOT, SOAK_PLOT)
+SOAK_LINES = 8  # the benchmarks named in the soak plot's legend: the drifted, then the worst of the others
 VERDICTS = (REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT_DATA)
 
 _STATUS_COLOURS = {FAIL: "#c62828", WARN: "#ef8f00", PASS: "#2e7d32"}
@@ -153,6 +156,46 @@ def baseline_plot(rows: Sequence[Mapping[str, Any]], threshold: float) -> bytes:
     return _png(fig)
 
 
+def soak_plot(soak: Mapping[str, Any]) -> bytes:
+    """Each benchmark's figure over the soak's time, relative to its first third of passes, as the drift is
+    judged (so GB/s and microseconds share an axis; a latency is turned over, so below 1 is worse for both),
+    with the tolerance's line."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+
+    tolerance = soak["tolerance"]
+    lines = []
+    for series in soak["series"]:
+        times, values = zip(*series["points"], strict=True)
+        start = statistics.median(values[: max(1, len(values) // 3)]) or 1.0
+        relative = [
+            v / start if series["unit"].startswith("busbw") else start / v if v else 0.0 for v in values
+        ]
+        lines.append((min(relative[len(relative) // 2 :]), series["benchmark"], times, relative))
+    lines.sort()  # the worst end first: they are the ones named
+    fig = _figure(9, 4.8)
+    ax = fig.add_subplot()
+    for k, (_, name, times, relative) in enumerate(lines):
+        named = k < SOAK_LINES
+        ax.plot(
+            [t / 60 for t in times], relative, lw=1.5 if named else 0.6, alpha=1.0 if named else 0.35,
+            color=None if named else "#90a4ae", label=name if named else None, marker="o" if named else None,
+            ms=3,
+        )  # fmt: skip
+    ax.axhline(1.0, color="black", lw=1)
+    ax.axhline(1 - tolerance, color=_VERDICT_COLOURS[REGRESSION], lw=1, ls="--")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.set_xlabel("minutes into the soak")
+    ax.set_ylabel("figure / its first passes' (below 1 is worse)")
+    ax.grid(True, alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], color=_VERDICT_COLOURS[REGRESSION], ls="--"))
+    labels.append(f"tolerance {tolerance:.0%}")
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    ax.set_title(f"Benchmarks over the soak ({soak['passes']} passes)")
+    return _png(fig)
+
+
 def _can_draw() -> bool:
     try:
         import matplotlib  # noqa: F401
@@ -163,17 +206,20 @@ def _can_draw() -> bool:
 
 def draw_plots(data: Mapping[str, Any], checks: Sequence[Check]) -> dict[str, bytes | str]:
     """Each plot's PNG bytes, or the sentence saying why it was skipped."""
-    p2p, collectives, baseline = data["p2p"], data["collectives"], data["baseline"]
+    p2p, collectives, baseline, soak = data["p2p"], data["collectives"], data["baseline"], data.get("soak")
     wanted = {
         P2P_PLOT: has_pairs(p2p),
         BUSBW_PLOT: bool(collectives),
         BASELINE_PLOT: baseline["available"] and bool(baseline["rows"]),
+        SOAK_PLOT: bool(soak and soak["series"]),
     }
     plots: dict[str, bytes | str] = {
         P2P_PLOT: "No P2P bandwidth matrix in this run (a CPU run, one GPU, or P2P not measured).",
         BUSBW_PLOT: "No collective was benchmarked.",
         BASELINE_PLOT: "No benchmark was compared with a baseline.",
     }
+    if soak:  # a plot of a soak's only
+        plots[SOAK_PLOT] = "No benchmark ran in the soak (--soak with suites/perf)."
     if any(wanted.values()) and not _can_draw():
         missing = "Not drawn: matplotlib is not installed (pip install 'pytest-collectives[report]')."
         return {name: missing if wanted[name] else note for name, note in plots.items()}
@@ -183,4 +229,6 @@ def draw_plots(data: Mapping[str, Any], checks: Sequence[Check]) -> dict[str, by
         plots[BUSBW_PLOT] = busbw_plot(collectives)
     if wanted[BASELINE_PLOT]:
         plots[BASELINE_PLOT] = baseline_plot(baseline["rows"], regression_threshold(baseline))
+    if wanted[SOAK_PLOT]:
+        plots[SOAK_PLOT] = soak_plot(soak)
     return plots

@@ -17,6 +17,7 @@ from pytest_collectives.nodereport import preflight
 from pytest_collectives.nodereport.bandwidth import judge_node
 from pytest_collectives.nodereport.checks import FAIL, PASS, STATUSES, TABLE, WARN, Check, NodeCheckError
 from pytest_collectives.nodereport.links import PCIE_ADVICE
+from pytest_collectives.nodereport.matrix import join_names
 from pytest_collectives.nodereport.peers import Outlier, peer_outliers
 from pytest_collectives.nodereport.schema import ReportError, has_pairs
 
@@ -26,8 +27,12 @@ def report_checks(data: Mapping[str, Any]) -> list[Check]:
     links, the test run, the benchmark baseline, the capability matrix, and the extensions' own checks."""
     health = preflight.preflight_checks(data["preflight"]) if data.get("preflight") else []
     run = [_test_check(data["tests"]), _benchmark_check(data["baseline"])]
+    if data["tests"].get("configurations"):
+        run.append(_configuration_check(data["tests"]["configurations"]))
     if data.get("capabilities"):
         run.append(_capability_check(data["capabilities"]))
+    if data.get("soak"):
+        run += _soak_checks(data["soak"])
     extensions = [
         Check(f"{namespace}: {c['name']}", c["status"], c["reason"], c.get("details", {}))
         for namespace, extension in (data.get("extensions") or {}).items()
@@ -144,6 +149,106 @@ def _test_check(tests: Mapping[str, Any]) -> Check:
             "test run", WARN, f"{summary}: no test passed, so nothing was verified on this node.", counts
         )
     return Check("test run", PASS, f"{summary}.", counts)
+
+
+def _configuration_check(each: Sequence[Mapping[str, Any]]) -> Check:
+    """Under --backend-env, the tests' outcomes per configuration: whether failures follow a setting."""
+    details = {
+        TABLE: {
+            "columns": ["Backend settings", "Passed", "Failed", "Skipped"],
+            "rows": [[c["backend_env"], c["passed"], c["failed"], c["skipped"]] for c in each],
+        }
+    }
+    failing = [c["backend_env"] for c in each if c["failed"]]
+    if not failing:
+        return Check(
+            "backend settings", PASS, f"No test failed in any of the {len(each)} configurations.", details
+        )
+    if len(failing) == len(each):
+        where = f"in every one of the {len(each)} configurations: not a fault of one setting"
+    else:
+        passing = [c["backend_env"] for c in each if not c["failed"]]
+        where = (
+            f"only with {join_names(failing)} (none with {join_names(passing)}): the backend is wrong under "
+            f"that setting"
+        )
+    return Check(
+        "backend settings",
+        FAIL,
+        f"Tests failed {where}; the failing tests, whose ids name their settings, are listed below.",
+        details,
+    )
+
+
+def _soak_checks(soak: Mapping[str, Any]) -> list[Check]:
+    """A burn-in's two verdicts: the tests over its passes, and the benchmarks' figures over its time."""
+    from pytest_collectives.bench.side_by_side import drifted
+    from pytest_collectives.execution.soak import clock
+
+    passes = soak["passes"]
+    ran = (
+        f"{passes} passes in {clock(soak['elapsed_s'])} ({soak['ended']}; first hypothesis seed "
+        f"{soak['first_seed']})"
+    )
+    failures = soak["failures"]
+    if failures:
+        first = min(failures, key=lambda f: f["first_at_s"])
+        tests = Check(
+            "burn-in",
+            FAIL,
+            f"{ran}: {len(failures)} test(s) failed, first {first['nodeid']} at {clock(first['first_at_s'])} "
+            f"(pass {first['first_pass']}, failing in {first['failed_passes']} of {passes}); the table has "
+            f"each one's rate and the command that replays it.",
+            {
+                TABLE: {
+                    "columns": ["Test", "Backend settings", "Failed in", "First at", "Replay"],
+                    "rows": [
+                        [f["nodeid"], f["backend_env"] or "-", f"{f['failed_passes']} of {passes} passes",
+                         f"{clock(f['first_at_s'])} (pass {f['first_pass']})", f["replay"]]
+                        for f in failures
+                    ],  # fmt: skip
+                }
+            },
+        )
+    else:
+        tests = Check("burn-in", PASS, f"{ran}: no test failed in any pass.", {"passes": passes})
+    if not soak["series"]:
+        return [tests]
+    tolerance = soak["tolerance"]
+    series = {s["benchmark"]: (s["unit"], [value for _, value in s["points"]]) for s in soak["series"]}
+    worse = drifted(series, tolerance)
+    longest = max(len(values) for _, values in series.values())
+    if longest < 9:
+        over = Check(
+            "burn-in bandwidth",
+            PASS,
+            f"{len(series)} benchmarks over {passes} passes: too few to judge a drift over the soak (the "
+            f"last third of the passes is compared with the first, 3 passes a third at least).",
+        )
+    elif not worse:
+        over = Check(
+            "burn-in bandwidth",
+            PASS,
+            f"{len(series)} benchmarks over {passes} passes: none got worse from its first passes to its "
+            f"last beyond the tolerance of {tolerance:.0%}.",
+        )
+    else:
+        over = Check(
+            "burn-in bandwidth",
+            WARN,
+            f"{len(worse)} of {len(series)} benchmarks got worse over the soak beyond the tolerance of "
+            f"{tolerance:.0%} (listed in the table): thermal throttling or a link training down; look at "
+            f"the GPUs' clocks and throttle reasons and the links' state.",
+            {
+                TABLE: {
+                    "columns": ["Benchmark", "Figure", "First passes", "Last passes", "Worse"],
+                    "rows": [
+                        [d.name, d.unit, f"{d.first:.3f}", f"{d.last:.3f}", f"{d.worse:.0%}"] for d in worse
+                    ],
+                }
+            },
+        )
+    return [tests, over]
 
 
 def _capability_check(matrix: Mapping[str, Any]) -> Check:

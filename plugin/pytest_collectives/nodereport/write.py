@@ -32,7 +32,12 @@
         "rows": [{"benchmark": "...", "baseline_median_s": 0.01, "now_median_s": 0.011, "ratio": 1.1,
                   "verdict": "regression"}]      # verdicts of pytest_collectives.gate.statistics
       },
-      "tests": {"passed": 10, "failed": 1, "skipped": 2, "failures": [{"nodeid": "...", "longrepr": "..."}]}
+      "tests": {"passed": 10, "failed": 1, "skipped": 2, "failures": [{"nodeid": "...", "longrepr": "..."}],
+                "configurations": [{"backend_env": "NCCL_PROTO=LL", "passed": 5, ...}]},  # --backend-env
+      "soak": null | {                           # --soak only: passes, failures, each benchmark over time
+        "passes": 41, "failures": [{"nodeid": "...", "failed_passes": 3, "replay": "pytest ...", ...}],
+        "series": [{"benchmark": "...", "unit": "busbw GB/s", "points": [[12.5, 1.9], ...]}], ...
+      }
     }
 
 The checks are computed from the data (verdicts.report_checks), not passed in, so the verdict at the top of
