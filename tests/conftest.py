@@ -3,7 +3,11 @@
 # fresh forkserver (and its torch import) for every run: both are imported once here, before any run. So
 # are the conformance strategies: a copy of capabilities imported afresh by one run, beside the copy the
 # strategies of an earlier-imported cases module read, would leave them drawing from a probe nobody set
-# ("nothing probed", seen on torch 2.2 when test_examples.py ran before test_algorithms.py).
+# ("nothing probed", seen on torch 2.2 when test_examples.py ran before test_algorithms.py). So is
+# matplotlib's figure API, for the node report's plots: a run that drew the first plot of a process would
+# take its axes and legend modules away with it, and the next plot would mix their classes with those of
+# the modules kept ("Legend needs either Axes or FigureBase as parent").
+import contextlib
 import multiprocessing.forkserver  # noqa: F401
 
 import pytest
@@ -12,6 +16,10 @@ from hypothesis import settings
 
 import pytest_collectives.conformance.cases  # noqa: F401
 import pytest_collectives.execution.pool  # noqa: F401
+
+with contextlib.suppress(ImportError):  # an extra; without it the plots are skipped
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

@@ -3,8 +3,9 @@ always follows from the data beside it.
 
 `report_checks` gathers them: the NVML preflight (GPU runs), the node's links (bandwidth.judge_node on the P2P
 matrix), each GPU's host-device copies against the other GPUs' (peers.peer_outliers), one check for the test
-run, one for the benchmark baseline, one for the capability matrix, and the extensions' own checks. A Check
-whose subject is a list carries it as a table (checks.TABLE), which every output of the report shows.
+run, one for the benchmark baseline, one for the capability matrix, one for the configurations of
+--backend-env, two for a soak (its failures, its benchmarks over time), and the extensions' own checks. A
+Check whose subject is a list carries it as a table (checks.TABLE), which every output of the report shows.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pytest_collectives.nodereport.schema import ReportError, has_pairs
 
 def report_checks(data: Mapping[str, Any]) -> list[Check]:
     """The verdicts shown at the top of the report: the GPUs' health as NVML reports it (GPU runs), the node's
-    links, the test run, the benchmark baseline, the capability matrix, and the extensions' own checks."""
+    links, the test run, the benchmark baseline, the configurations, the capability matrix, the soak, and the
+    extensions' own checks."""
     health = preflight.preflight_checks(data["preflight"]) if data.get("preflight") else []
     run = [_test_check(data["tests"]), _benchmark_check(data["baseline"])]
     if data["tests"].get("configurations"):
