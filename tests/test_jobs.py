@@ -58,6 +58,9 @@ def test_the_ci_gate_commands_pass_a_healthy_perf_run(checkout: pytest.Pytester)
         saved = run(checkout, *save, *selection)
         assert saved.ret == 0, saved.stdout.str()[-3000:]
         saved.stdout.fnmatch_lines(["*saved 6 benchmark(s) as a run of the baseline of cpu-*"])
+    # This VM's speed swings by more than the 25% a baseline from one sitting allows a machine, within a
+    # minute, now and then (1.30x seen in CI): the machine-wide verdict is test_gate.py's, not this job's.
+    selection += ("--machine-tolerance", "3")
     gated = run(checkout, *gate, *selection)
     gated.assert_outcomes(passed=6)
     assert gated.ret == 0, gated.stdout.str()[-3000:]
