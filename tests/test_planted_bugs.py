@@ -174,7 +174,7 @@ def test_planted_bug_is_caught(
     plant(pytester.path, original, planted, test_file)
     start = time.monotonic()
     result = pytester.runpytest(
-        test_file, "-x", "-k", select, "--world-sizes", WORLD_SIZES, "--dist-timeout", "20",
+        test_file, "-x", "-k", select, "--world-sizes", WORLD_SIZES, "--dist-timeout", "90",
         "--hypothesis-profile", "planted", "-p", "no:cacheprovider",
     )  # fmt: skip
     elapsed = time.monotonic() - start
