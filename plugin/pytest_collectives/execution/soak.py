@@ -226,7 +226,7 @@ class Soak:
                  f"{self.first_seed}"]  # fmt: skip
         if not self.failures:
             lines.append("no test failed in any pass")
-        figures = {name: (unit, [v for _, v in points]) for name, (unit, points) in self.series().items()}
+        figures = side_by_side.figures((name, extra) for _, name, extra in self.samples)
         lines += [drift.line(self.drift) for drift in side_by_side.drifted(figures, self.drift)]
         by_configuration: dict[str, list[str]] = {}
         for found in self.failed():
