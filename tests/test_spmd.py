@@ -349,15 +349,31 @@ def run_all(
     return codes, text
 
 
+def inner_args(tmp: Path) -> list[str]:
+    (tmp / "test_inner.py").write_text(INNER)
+    (tmp / "conftest.py").write_text(CONFTEST)
+    args = ["test_inner.py", "--rootdir", str(tmp), "--dist-timeout", "60", "-s"]
+    return [*args, "--benchmark-max-time", "0.05", "--benchmark-min-rounds", "3"]
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The inner tests in the pool, once for both launchers: its folder (pooled.xml, pooled.json), output."""
+    tmp = tmp_path_factory.mktemp("pooled")
+    args = [*inner_args(tmp), "--junitxml", "pooled.xml", "--benchmark-json", "pooled.json"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *PLUGIN, *args], cwd=tmp, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 1, run.stdout
+    return tmp, run.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
-def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str) -> None:
-    (tmp_path / "test_inner.py").write_text(INNER)
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    args = ["test_inner.py", "--rootdir", str(tmp_path), "--dist-timeout", "60", "-s"]
-    args += ["--benchmark-max-time", "0.05", "--benchmark-min-rounds", "3"]
+def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str, pooled: tuple[Path, str]) -> None:
     launch = torchrun_two_nodes if launcher == "torchrun" else srun_two_nodes
-    codes, text = launch(tmp_path, [*args, "--junitxml", "spmd.xml", "--benchmark-json", "spmd.json"], 240)
+    args = [*inner_args(tmp_path), "--junitxml", "spmd.xml", "--benchmark-json", "spmd.json"]
+    codes, text = launch(tmp_path, args, 240)
     assert all(code != 0 for code in codes), text  # a test failed: every node reports failure
     assert text.count("test session starts") == 1, text  # only rank 0 prints
     for line in [
@@ -371,25 +387,17 @@ def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str) -> None:
         "2 failed, 10 passed",
     ]:
         assert line in text, text
-    pooled_args = [*args, "--junitxml", "pooled.xml", "--benchmark-json", "pooled.json"]
-    pooled = subprocess.run(
-        [sys.executable, "-m", "pytest", *PLUGIN, *pooled_args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert pooled.returncode == 1, pooled.stdout
-    assert outcomes(tmp_path / "spmd.xml") == outcomes(tmp_path / "pooled.xml")
+    pooled_dir, pooled_out = pooled
+    assert outcomes(tmp_path / "spmd.xml") == outcomes(pooled_dir / "pooled.xml")
     # One seed for a test in both modes, so a failure seen under torchrun replays under the pool.
-    seeds = re.findall(r"pg\.seed=(\d+)", text + pooled.stdout)
+    seeds = re.findall(r"pg\.seed=(\d+)", text + pooled_out)
     assert len(seeds) == 8 and len(set(seeds)) == 1, seeds  # 4 ranks in each mode
     # The same shrunk counterexample, and benchmarks that carry the same figures.
-    for output in (text, pooled.stdout):
+    for output in (text, pooled_out):
         assert re.search(r"test_shrinks\(\s*pg=.*?,\s*n=100,", output, flags=re.S), output
     keys = [
-        {b["name"]: sorted(b["extra_info"]) for b in json.loads((tmp_path / name).read_text())["benchmarks"]}
-        for name in ("spmd.json", "pooled.json")
+        {b["name"]: sorted(b["extra_info"]) for b in json.loads(path.read_text())["benchmarks"]}
+        for path in (tmp_path / "spmd.json", pooled_dir / "pooled.json")
     ]
     assert keys[0] == keys[1] and "busbw_GBps" in keys[0]["test_bench[ws2]"], keys
 

@@ -64,26 +64,6 @@ def run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow
-def test_two_workers_on_cpu_give_the_outcomes_of_a_plain_run(tmp_path: Path) -> None:
-    (tmp_path / "test_inner.py").write_text(INNER)
-    plain = run(tmp_path, "--junitxml", "plain.xml", "--benchmark-disable")
-    parallel = run(tmp_path, "-n", "2", "--junitxml", "xdist.xml", "--benchmark-disable")
-    assert plain.returncode == parallel.returncode == 1, plain.stdout + parallel.stdout
-    expected = outcomes(tmp_path / "plain.xml")
-    assert expected["test_rank_one_fails[ws3]"] == "failure" and len(expected) == 11
-    assert outcomes(tmp_path / "xdist.xml") == expected
-
-
-@pytest.mark.slow
-def test_benchmarks_refuse_to_run_under_xdist(tmp_path: Path) -> None:
-    (tmp_path / "test_inner.py").write_text(INNER)
-    result = run(tmp_path, "-n", "2", "-k", "benchmarked")
-    assert result.returncode == 0, result.stdout
-    assert "benchmark not run under pytest-xdist" in result.stdout
-    assert "it needs the whole node; run benchmarks without -n" in result.stdout
-
-
 WHO_REPORTS = """
 import os
 
@@ -97,17 +77,34 @@ def pytest_sessionfinish(session):
 
 
 @pytest.mark.slow
-def test_only_the_controller_gates_and_reports(tmp_path: Path) -> None:
+def test_two_workers_on_cpu_give_the_outcomes_of_a_plain_run_and_only_the_controller_reports(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_inner.py").write_text(INNER)
+    plain = run(tmp_path, "--junitxml", "plain.xml", "--benchmark-disable")
     # Each worker sees only its share of the tests: a report per worker would race for the folder and
     # say the node was judged on a part of the run.
-    (tmp_path / "test_inner.py").write_text(INNER)
     (tmp_path / "conftest.py").write_text(WHO_REPORTS)
-    result = run(tmp_path, "-n", "2", "--benchmark-disable", "--node-report", "report")
-    assert result.returncode == 1, result.stdout
+    parallel = run(
+        tmp_path, "-n", "2", "--junitxml", "xdist.xml", "--benchmark-disable", "--node-report", "report"
+    )
+    assert plain.returncode == parallel.returncode == 1, plain.stdout + parallel.stdout
+    expected = outcomes(tmp_path / "plain.xml")
+    assert expected["test_rank_one_fails[ws3]"] == "failure" and len(expected) == 11
+    assert outcomes(tmp_path / "xdist.xml") == expected
     lines = sorted((tmp_path / "who_reports.txt").read_text().splitlines())
     assert lines == ["controller: collectives-gate,collectives-node-report", "gw0: -", "gw1: -"], lines
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["tests"]["passed"] + report["tests"]["failed"] == 11
+
+
+@pytest.mark.slow
+def test_benchmarks_refuse_to_run_under_xdist(tmp_path: Path) -> None:
+    (tmp_path / "test_inner.py").write_text(INNER)
+    result = run(tmp_path, "-n", "2", "-k", "benchmarked")
+    assert result.returncode == 0, result.stdout
+    assert "benchmark not run under pytest-xdist" in result.stdout
+    assert "it needs the whole node; run benchmarks without -n" in result.stdout
 
 
 @pytest.mark.slow

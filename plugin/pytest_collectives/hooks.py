@@ -97,7 +97,8 @@ def pytest_configure(config: pytest.Config) -> None:
         values[name] = str(value if value is not None else config.getini(name)).strip()
     try:
         env = spmd.detect(os.environ)
-        if env is None and not getattr(config.option, "numprocesses", None):
+        # under xdist the workers start their own; a collection alone starts no group
+        if env is None and not getattr(config.option, "numprocesses", None) and not config.option.collectonly:
             _expect_groups(config)
         if env is None:
             settings = options.resolve(values, options.count_accelerators)
