@@ -361,9 +361,12 @@ def pooled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The inner tests in the pool, once for both launchers: its folder (pooled.xml, pooled.json), output."""
     tmp = tmp_path_factory.mktemp("pooled")
     args = [*inner_args(tmp), "--junitxml", "pooled.xml", "--benchmark-json", "pooled.json"]
+    # set up before conftest's _not_an_xdist_worker hides this session's xdist identity: hidden here
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", *PLUGIN, *args], cwd=tmp, capture_output=True, text=True, timeout=240
-    )
+        [sys.executable, "-m", "pytest", *PLUGIN, *args], cwd=tmp, env=env, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
     assert run.returncode == 1, run.stdout
     return tmp, run.stdout
 
