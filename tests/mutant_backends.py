@@ -427,6 +427,29 @@ class RefusalLeavesGroupOpen(NcclRulesBackend):
             raise
 
 
+class BarrierRaisesAnEarlierRefusal(NcclRulesBackend):
+    """On rank 0, a barrier raises the last refusal again instead of taking part, while the other ranks
+    wait in theirs. gloo does this by chance: its barrier waits on, and raises the error of, every earlier
+    call its worker threads have not yet let go of; on torch 2.2 under load, one rank's refused call was
+    still held and the other's was not, and the probe hung at its barrier (CI, 2026-11-28)."""
+
+    name = "mutant_barrier_raises_an_earlier_refusal"
+    refused: ValueError | None = None
+
+    def refuse(self, opts: Any) -> None:
+        try:
+            super().refuse(opts)
+        except ValueError as exc:
+            self.refused = exc
+            raise
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        refused, self.refused = self.refused, None
+        if refused is not None and self.rank() == 0:
+            raise refused
+        return super().barrier(opts)
+
+
 class NanDroppedInMinMax(ReferenceBackend):
     """all_reduce MIN and MAX of floats skip NaN on every rank alike (fmin/fmax, not min/max): a semantics
     of its own, the same whichever rank holds the NaN, that the matrix reports and no test fails."""
@@ -538,6 +561,7 @@ MUTANTS = [
     StridesInFloat32Bytes,
     WrongThenRefusing,
     RefusalLeavesGroupOpen,
+    BarrierRaisesAnEarlierRefusal,
     NanDroppedInMinMax,
     WrongUnderOneProtocol,
     WrongAfterWear,

@@ -486,16 +486,16 @@ def test_nccl_rules_leave_bitwise_ops_na_and_the_suite_green(pytester: pytest.Py
 
 
 @python_backends
-def test_the_probe_survives_a_refusal_that_leaves_its_thread_in_a_group_call(
-    pytester: pytest.Pytester,
-) -> None:
+@pytest.mark.parametrize(
+    "backend", ["mutant_refusal_leaves_group_open", "mutant_barrier_raises_an_earlier_refusal"]
+)
+def test_the_probe_survives_what_a_refusal_leaves_behind(pytester: pytest.Pytester, backend: str) -> None:
     """NCCL, after a refused all_to_all or batch_isend_irecv, takes every later call on the thread and runs
-    none (docs/measurements/scripts/nccl_findings.py); so does the mutant, from its first refusal, made by
-    the probe. Each probe call runs on a thread of its own, so the probe's answers and the tests after it
-    are right."""
-    result = run_on_backend(
-        pytester, "mutant_refusal_leaves_group_open", "test_all_reduce.py", "-k", "matches_exact_reference"
-    )
+    none (docs/measurements/scripts/nccl_findings.py); so does the first mutant, from its first refusal,
+    made by the probe. Each probe call runs on a thread of its own, so the probe's answers and the tests
+    after it are right. gloo's barrier may raise an earlier refusal again on one rank while the others wait
+    in it; so does the second mutant, always: the probe calls the barriers before anything it may refuse."""
+    result = run_on_backend(pytester, backend, "test_all_reduce.py", "-k", "matches_exact_reference")
     result.assert_outcomes(passed=3, skipped=2)
 
 

@@ -599,8 +599,9 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def _alive(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
-    """Those of ``pids`` still alive, allowing the forkserver's exit a moment to reach them."""
+def _alive(pids: Iterable[int], timeout_s: float = 20.0) -> list[int]:
+    """Those of ``pids`` still alive, allowing the forkserver's exit a moment to reach them (seconds on a
+    loaded 2-core machine: the floor's tests run beside the suites in CI)."""
     pids = list(pids)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -608,6 +609,23 @@ def _alive(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.1)
+
+
+def _described(pids: Iterable[int]) -> str:
+    """Each process as ps would show it: what it runs, its state and parent, to tell a rank from the
+    forkserver or a helper of theirs."""
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{pid}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except OSError:
+            lines.append(f"{pid}: gone since")
+            continue
+        lines.append(f"{pid} (state {state}, parent {ppid}): {command[:300]}")
+    return "\n".join(lines)
 
 
 def _exists(pid: int) -> bool:
@@ -672,7 +690,8 @@ def test_no_worker_outlives_the_session(pytester: pytest.Pytester, short_tmp, ar
     out, _ = proc.communicate(timeout=120)
     out = out or (pytester.path / "orphans.log").read_text()
     ranks = {int(pid) for pid in open(pids).read().split()}  # the 3-rank group's too, started later
-    assert _alive(started | ranks) == [], f"processes left behind:\n{out}"
+    left = _alive(started | ranks)
+    assert left == [], f"processes left behind: {_described(left)}\n{out}"
     # nor any of the pool's folders: a killed pytest leaves them to its last rank
     assert list(short_tmp.glob("collectives-*")) == [], out
 

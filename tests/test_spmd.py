@@ -349,7 +349,8 @@ def run_all(
     return codes, text
 
 
-def inner_args(tmp: Path) -> list[str]:
+def write_inner(tmp: Path) -> list[str]:
+    """The inner tests and their conftest, written to ``tmp``; the arguments both modes run them with."""
     (tmp / "test_inner.py").write_text(INNER)
     (tmp / "conftest.py").write_text(CONFTEST)
     args = ["test_inner.py", "--rootdir", str(tmp), "--dist-timeout", "60", "-s"]
@@ -360,13 +361,10 @@ def inner_args(tmp: Path) -> list[str]:
 def pooled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The inner tests in the pool, once for both launchers: its folder (pooled.xml, pooled.json), output."""
     tmp = tmp_path_factory.mktemp("pooled")
-    args = [*inner_args(tmp), "--junitxml", "pooled.xml", "--benchmark-json", "pooled.json"]
-    # set up before conftest's _not_an_xdist_worker hides this session's xdist identity: hidden here
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    args = [*write_inner(tmp), "--junitxml", "pooled.xml", "--benchmark-json", "pooled.json"]
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", *PLUGIN, *args], cwd=tmp, env=env, capture_output=True, text=True,
-        timeout=240,
-    )  # fmt: skip
+        [sys.executable, "-m", "pytest", *PLUGIN, *args], cwd=tmp, capture_output=True, text=True, timeout=240
+    )
     assert run.returncode == 1, run.stdout
     return tmp, run.stdout
 
@@ -375,7 +373,7 @@ def pooled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 @pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
 def test_two_nodes_match_a_pooled_run(tmp_path: Path, launcher: str, pooled: tuple[Path, str]) -> None:
     launch = torchrun_two_nodes if launcher == "torchrun" else srun_two_nodes
-    args = [*inner_args(tmp_path), "--junitxml", "spmd.xml", "--benchmark-json", "spmd.json"]
+    args = [*write_inner(tmp_path), "--junitxml", "spmd.xml", "--benchmark-json", "spmd.json"]
     codes, text = launch(tmp_path, args, 240)
     assert all(code != 0 for code in codes), text  # a test failed: every node reports failure
     assert text.count("test session starts") == 1, text  # only rank 0 prints

@@ -236,6 +236,11 @@ def probe(pg: Any) -> Capabilities:
     for each supported cell and ``{cell: reason}`` for each refused one. Every rank makes the same calls
     in the same order, so a refusal raised before any data moves leaves the group in step."""
     n, found = pg.world_size, {}
+    # First, before any call it may refuse: gloo's barrier waits on, and raises the error of, any earlier
+    # call its worker threads still hold, so a barrier after a refusal may raise on one rank while the
+    # others wait in it (the probe hung so on torch 2.2; tests/mutant_backends.py plants it on every probe).
+    for name, call in _WHOLE_GROUP.items():
+        found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP, pg)
 
     def probe_each(operations: dict[str, Callable[[Any, int, Any], object]], ops: list[str]) -> None:
         for operation, call in operations.items():
@@ -249,8 +254,6 @@ def probe(pg: Any) -> Capabilities:
     # taken and never run (docs/measurements/scripts/nccl_findings.py)
     semantics = exceptional_semantics(pg, found)
     probe_each(DATA_OPERATIONS, [NO_OP])
-    for name, call in _WHOLE_GROUP.items():
-        found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP, pg)
     devices.synchronize(pg.device)
     return Capabilities(pg.backend, pg.device.type, n, found, semantics=semantics)
 

@@ -208,8 +208,8 @@ def _priors(scaled: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarra
         group = sorted(group, key=lambda j: _size(names[j]))
         for k, i in enumerate(group):
             if len(group) > 3:
-                near = group[max(k - WINDOW, 0) : k] + group[k + 1 : k + 1 + WINDOW]
-                pool = sorted(near, key=lambda j: abs(group.index(j) - k))[:WINDOW]
+                near = [*range(max(k - WINDOW, 0), k), *range(k + 1, min(k + 1 + WINDOW, len(group)))]
+                pool = [group[p] for p in sorted(near, key=lambda p: abs(p - k))[:WINDOW]]
             else:
                 pool = list(everyone[everyone != i]) if len(names) > 1 else [i]
             prior[i], pooled[i] = float(np.median(scaled[pool])), len(pool)
