@@ -12,7 +12,6 @@ can't (``<!-- not run here: REASON -->`` on the line above the fence, unseen whe
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -37,7 +36,7 @@ def of(*langs: str) -> list[pytest.param]:
 
 def test_every_block_is_run_or_says_why_not() -> None:
     """A block added to the docs is run by this module (a shell block's commands must be pytest's:
-    collect_commands), or the page says why it can't be."""
+    wrong_commands), or the page says why it can't be."""
     runnable = {"sh", "python", "json", *OUTPUT}
     unknown = [b.where for b in ALL if b.lang not in runnable and not DIRECTIVE.fullmatch(b.lang)]
     assert not unknown, f"blocks in a language this module does not run: {unknown}"
@@ -97,6 +96,12 @@ if "ACME" not in dist.Backend._plugins:
 """
 
 
+def users_env(cwd: Path) -> dict[str, str]:
+    """The environment a user's pytest runs in, in ``cwd``: pytest's own variables (PYTEST_CURRENT_TEST, an
+    xdist worker's) are this session's, not the user's."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, "PYTHONPATH": str(cwd)}
+
+
 def run_pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pytest", *PLUGIN, *args],
@@ -104,39 +109,71 @@ def run_pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=300,
-        # pytest's own variables (PYTEST_CURRENT_TEST, an xdist worker's) are this session's, not the user's
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, "PYTHONPATH": str(cwd)},
+        env=users_env(cwd),
     )
 
 
-@functools.cache
-def collected(checkout: Path, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
-    """A command's collection, once: the README and the pages repeat some commands."""
-    return run_pytest(checkout, *args, "--collect-only", "-q")
+# Every command's collection in a child forked from one process that imported, once, what each of them
+# imports: torch's import is most of a collection's time (3 of its 5 CPU-seconds here).
+_COLLECTOR = """
+import json, os, sys, tempfile
+import hypothesis, pytest, torch
+import pytest_collectives.hooks
+found = []
+for args in json.loads(sys.stdin.read()):
+    with tempfile.TemporaryFile() as out:
+        child = os.fork()
+        if child == 0:
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+            code = pytest.main(args)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(int(code))
+        _, status = os.waitpid(child, 0)
+        out.seek(0)
+        found.append((os.waitstatus_to_exitcode(status), out.read().decode(errors="replace")))
+print(json.dumps(found))
+"""
 
 
-def collect_commands(block: Block, checkout: Path) -> list[str]:
-    """What is wrong with the block's pytest commands as typed, collected in ``checkout``: one line each."""
-    wrong = []
-    for command in commands(block.text):
-        args = pytest_args(command)
-        if args is None:
-            wrong.append(f"{block.where}: not a pytest command: {' '.join(command)}")
-            continue
-        result = collected(checkout, tuple(args))
-        if result.returncode or not re.search(r"\d+ tests? collected", result.stdout):
-            lines = (result.stderr + result.stdout).splitlines()
+def collections(cwd: Path, commands: list[tuple[str, ...]]) -> list[tuple[int, str]]:
+    """Each pytest command's exit code and output, collected (``--collect-only -q``) in ``cwd``."""
+    run = subprocess.run(
+        [sys.executable, "-c", _COLLECTOR],
+        input=json.dumps([[*PLUGIN, *args, "--collect-only", "-q"] for args in commands]),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=users_env(cwd),
+    )
+    assert run.returncode == 0, run.stderr
+    return [(code, output) for code, output in json.loads(run.stdout)]
+
+
+def wrong_commands(blocks: list[Block], checkout: Path) -> list[str]:
+    """What is wrong with the blocks' pytest commands as typed, collected in ``checkout``: one line each."""
+    typed = [(b, command, pytest_args(command)) for b in blocks for command in commands(b.text)]
+    wrong = [f"{b.where}: not a pytest command: {' '.join(c)}" for b, c, args in typed if args is None]
+    runnable = [(b, c, tuple(args)) for b, c, args in typed if args is not None]
+    distinct = list(dict.fromkeys(args for _, _, args in runnable))  # the README and the pages repeat some
+    results = dict(zip(distinct, collections(checkout, distinct), strict=True))
+    for b, c, args in runnable:
+        code, output = results[args]
+        if code or not re.search(r"\d+ tests? collected", output):
+            lines = output.splitlines()
             said = [line for line in lines if "error" in line.lower()][-1:] or lines[-1:]
-            wrong.append(f"{block.where}: {' '.join(command)} exited {result.returncode}: {said}")
+            wrong.append(f"{b.where}: {' '.join(c)} exited {code}: {said}")
     return wrong
 
 
 # The blocks' runs are the docs', not a torch version's: the floor's run (-m "not slow") leaves them out.
 @pytest.mark.slow
-@pytest.mark.parametrize("block", of("sh"))
-def test_shell_block(block: Block, checkout: Path) -> None:
-    """Each pytest command of the block as typed (options, values, paths, modules), collected."""
-    assert not collect_commands(block, checkout)
+def test_every_shell_block_collects_as_typed(checkout: Path) -> None:
+    """Each pytest command of every shell block as typed (options, values, paths, modules), collected."""
+    blocks = [b for b in ALL if b.lang == "sh" and not b.not_run]
+    assert blocks and not wrong_commands(blocks, checkout)
 
 
 @pytest.mark.slow
@@ -145,9 +182,10 @@ def test_a_command_with_a_renamed_flag_fails(checkout: Path) -> None:
     readme = next(b for b in ALL if "--fail-on-regression" in b.text and b.page.name == "README.md")
     misspelt = Block(readme.page, readme.line, "sh", "pytest suites/perf --fail-on-regresion\n", "", "")
     moved = Block(readme.page, readme.line, "sh", "pytest suite/perf\n", "", "")
-    for block, why in ((misspelt, "unrecognized arguments: --fail-on-regresion"), (moved, "not found")):
-        (wrong,) = collect_commands(block, checkout)
-        assert "exited 4" in wrong and why in wrong, wrong
+    wrong = wrong_commands([misspelt, moved], checkout)
+    whys = ("unrecognized arguments: --fail-on-regresion", "not found")
+    for line, why in zip(wrong, whys, strict=True):
+        assert "exited 4" in line and why in line, line
 
 
 @pytest.mark.slow
