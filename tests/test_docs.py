@@ -173,7 +173,8 @@ def wrong_commands(blocks: list[Block], checkout: Path) -> list[str]:
 def test_every_shell_block_collects_as_typed(checkout: Path) -> None:
     """Each pytest command of every shell block as typed (options, values, paths, modules), collected."""
     blocks = [b for b in ALL if b.lang == "sh" and not b.not_run]
-    assert blocks and not wrong_commands(blocks, checkout)
+    wrong = wrong_commands(blocks, checkout)
+    assert blocks and not wrong, "\n".join(wrong)
 
 
 @pytest.mark.slow
