@@ -1,6 +1,6 @@
-"""What several test modules share: how they load the plugin in a subprocess, a CPU fingerprint, JUnit
-outcomes, the node report's input data (an 8-GPU RTX 3090 node and a CPU machine), and the task the bench
-scripts hand a warm group directly."""
+"""What several test modules share: how they load the plugin in a subprocess, a process's state from
+/proc, a CPU fingerprint, JUnit outcomes, the node report's input data (an 8-GPU RTX 3090 node and a CPU
+machine), and the task the bench scripts hand a warm group directly."""
 
 from __future__ import annotations
 
@@ -16,6 +16,14 @@ from pytest_collectives.topology.machine import Fingerprint, GpuInfo, parse_topo
 
 # Load the plugin by module name, so a checkout's copy on PYTHONPATH wins over an installed one.
 PLUGIN = ["-p", "no:collectives", "-p", "pytest_collectives.hooks", "-p", "no:cacheprovider"]
+
+
+def process_state(pid: int) -> tuple[str, int]:
+    """A process's state letter ("Z": a zombie, dead but not yet reaped) and its parent's pid, from
+    /proc/PID/stat; OSError where it is gone. The command name before them may hold spaces and ")"."""
+    with open(f"/proc/{pid}/stat") as f:
+        state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+    return state, int(parent)
 
 
 def cpu_fingerprint(**changes: object) -> Fingerprint:

@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import process_state
 
 from pytest_collectives.execution.pool import FAILURE_GRACE_S, STACK_WAIT_S
 from pytest_collectives.execution.rank import FAULT_ENV, PENDING_GRACE_S
@@ -281,10 +282,9 @@ def leftovers(pids: list[int], mark: str, grace_s: float = 10.0) -> list[int]:
 
 def _running(pid: int) -> bool:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return process_state(pid)[0] != "Z"
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _marked(mark: str) -> list[int]:

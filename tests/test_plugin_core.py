@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import process_state
 
 from pytest_collectives.execution.outcome import hang_culprit
 
@@ -586,8 +587,7 @@ def _descendants(root: int) -> set[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                _, ppid = process_state(int(entry))
             except (OSError, IndexError, ValueError):
                 continue  # gone meanwhile
             children.setdefault(ppid, []).append(int(entry))
@@ -619,8 +619,7 @@ def _described(pids: Iterable[int]) -> str:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            with open(f"/proc/{pid}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            state, ppid = process_state(pid)
         except OSError:
             lines.append(f"{pid}: gone since")
             continue
@@ -634,8 +633,7 @@ def _exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     # a zombie is already dead: only its parent has not read its status yet
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return process_state(pid)[0] != "Z"
 
 
 def test_a_tmpdir_too_long_for_the_forkserver_is_a_usage_error(pytester: pytest.Pytester) -> None:
