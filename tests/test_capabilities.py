@@ -718,3 +718,24 @@ def test_a_backend_installed_as_a_torch_backends_entry_point_needs_no_module(
     monkeypatch.setenv("PYTHONPATH", str(pytester.path))
     result = pytester.runpytest_subprocess("--backend", "acme", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_only_cells_an_operation_takes_are_drawn_and_tallied():
+    """A reduce op drawn for an operation that moves data made cells that do not exist ("broadcast
+    bfloat16 premul_sum PASS" beside an N/A all_reduce premul_sum): an operation that does not reduce,
+    as a backend call or a registered algorithm, draws and tallies its dtype's one cell."""
+    from pytest_collectives.conformance import capabilities as caps
+    from pytest_collectives.conformance.capabilities import NO_OP
+    from pytest_collectives.conformance.cases import Case, supported_cells
+
+    cells = {("broadcast", "float32", NO_OP): "", ("all_reduce", "float32", "sum"): ""}
+    caps.use(Capabilities("gloo", "cpu", 2, cells))
+    try:
+        ops = (*REDUCE_OPS, NO_OP)
+        assert supported_cells(["broadcast"], [torch.float32], ops) == [(torch.float32, NO_OP)]
+        assert supported_cells(["binomial_tree_broadcast"], [torch.float32], REDUCE_OPS) == []
+        assert supported_cells(["all_reduce"], [torch.float32], ops) == [(torch.float32, "sum")]
+    finally:
+        caps.use(None)
+    drawn = Case(("broadcast", "all_reduce"), torch.float32, "premul_sum", 4, "contiguous", None, 0)
+    assert drawn.cells() == [("broadcast", "float32", NO_OP), ("all_reduce", "float32", "premul_sum")]

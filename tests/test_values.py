@@ -235,3 +235,19 @@ def test_the_real_dtype_of_a_dtype_keeps_torchs_dtypes_alive():
     assert [real_dtype(torch.bfloat16) for _ in range(1000)][-1] is torch.bfloat16
     assert sys.getrefcount(torch.bfloat16) >= before
     assert (real_dtype(torch.complex64), real_dtype(torch.complex128)) == (torch.float32, torch.float64)
+
+
+@pytest.mark.parametrize("op", ["band", "bor", "bxor"])
+def test_a_bool_reduction_never_written_fails_where_the_exact_result_is_true(op):
+    """The bool sentinel is the byte 0xFF, which equals True by value: a reduce_scatter that never wrote
+    an element passed wherever the exact result is True, until reductions compared bools by their bytes."""
+    xs = [torch.tensor([True, True, False, True]), torch.tensor([True, False, False, True])]
+    exact = reduce_reference(xs, op)
+    assert exact.any()
+    out = exact.clone()
+    unwritten = int(exact.nonzero()[0])
+    out.view(torch.uint8)[unwritten] = sentinel(1, torch.bool, "cpu").view(torch.uint8)[0]
+    assert bool(out[unwritten] == exact[unwritten])  # the trap: by value it looks written
+    with pytest.raises(AssertionError, match=r"1 of 4 elements differ.*the byte 0xff \(never written\?\)"):
+        assert_reduced_close(out, xs, op)
+    assert_reduced_close(exact.clone(), xs, op)

@@ -420,12 +420,13 @@ def _assert_within(
             f"{what}: got {actual.dtype}{list(actual.shape)}, expected {dtype}{list(expected.shape)}"
         )
     if bound is None:
-        bad = actual != expected.to(dtype)
+        # a bool by its byte: the sentinel 0xFF, never written, compares equal to True by value
+        bad = _as_bytes(actual) != _as_bytes(expected.to(dtype))
         if bad.any():
             i = _first(bad)
             raise AssertionError(
                 f"{what}: {int(bad.sum())} of {bad.numel()} elements differ from the exact result; first at "
-                f"{i}: got {actual[i].item()}, expected {expected.to(dtype)[i].item()}"
+                f"{i}: got {_shown(actual, i)}, expected {expected.to(dtype)[i].item()}"
             )
         return
     error = (actual.to(expected.dtype) - expected).abs()
@@ -438,6 +439,16 @@ def _assert_within(
             f"{i}: got {actual[i].item()!r}, exact {expected[i].item()!r}, error {error[i].item():.3g} > "
             f"bound {bound[i].item():.3g}"
         )
+
+
+def _as_bytes(tensor: Tensor) -> Tensor:
+    return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
+
+
+def _shown(tensor: Tensor, i: tuple[int, ...]) -> str:
+    if tensor.dtype == torch.bool and tensor.view(torch.uint8)[i].item() > 1:
+        return f"the byte {tensor.view(torch.uint8)[i].item():#04x} (never written?)"
+    return str(tensor[i].item())
 
 
 def is_exact(dtype: torch.dtype, op: str) -> bool:

@@ -71,11 +71,23 @@ def backend_calls(operation: str, dtype: str, op: str) -> list[Cell]:
     return [(call, dtype, op if call in caps.REDUCTIONS else NO_OP) for call in algorithm.uses]
 
 
+def reduces(operation: str) -> bool:
+    """Whether ``operation`` (a backend call, or a registered algorithm's name) takes a reduce op: only
+    those have a cell per reduce op; one that moves data has one per dtype."""
+    try:
+        return registry.get(operation).operation in caps.REDUCTIONS
+    except LookupError:
+        return operation in caps.REDUCTIONS
+
+
 def supported_cells(
     operations: Sequence[str], dtypes: Sequence[torch.dtype], ops: Sequence[str]
 ) -> list[tuple[torch.dtype, str]]:
-    """(dtype, op) pairs with an exact reference where every one of ``operations`` is supported here."""
+    """(dtype, op) pairs with an exact reference where every one of ``operations`` is supported here; the
+    op is NO_OP where none of them reduces (a reduce op drawn for a broadcast is no cell)."""
     found = caps.active()
+    if not any(reduces(name) for name in operations):
+        ops = (NO_OP,)
     return [
         (dtype, op)
         for dtype in dtypes
@@ -107,7 +119,9 @@ class Case:
     values: Values = SMALL  # what the inputs hold: small values, or the dtype's whole range
 
     def cells(self) -> list[Cell]:
-        return [(name, dtype_name(self.dtype), self.op) for name in self.operations]
+        return [
+            (name, dtype_name(self.dtype), self.op if reduces(name) else NO_OP) for name in self.operations
+        ]
 
     def input(self, seed: int, key: int, shape: int | Sequence[int], members: int) -> torch.Tensor:
         """The input ``key`` (a rank, or a rank and a peer) of this example for a group of ``members``
@@ -191,12 +205,8 @@ def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
 
 
 def _every_cell(operation: str | None, turn: int) -> list[Case]:
-    if operation is None:
-        algorithm = registry.get(item_parameter("algorithm"))
-        name, reduces = algorithm.name, algorithm.operation in caps.REDUCTIONS
-    else:
-        name, reduces = operation, operation in caps.REDUCTIONS
-    cells = supported_cells([name], DTYPES, REDUCE_OPS if reduces else (NO_OP,))
+    name = registry.get(item_parameter("algorithm")).name if operation is None else operation
+    cells = supported_cells([name], DTYPES, REDUCE_OPS)
 
     def case(i: int, dtype: torch.dtype, op: str, size: int, values: Values) -> Case:
         return Case((name,), dtype, op, size, "contiguous", None, i % MAX_RANKS, values)
