@@ -489,6 +489,47 @@ class WrongUnderOneProtocol(ReferenceBackend):
         return work
 
 
+class FaultsAtStartUnderOneProtocol(ReferenceBackend):
+    """Every rank raises as its group starts with ACME_PROTO=LL128, in words no backend declares: a fault
+    (a CUDA error in transport setup), not the backend turning the setting down. Its tests must fail."""
+
+    name = "mutant_faults_at_start_under_ll128"
+
+    def __init__(self, *args: Any) -> None:
+        if os.environ.get("ACME_PROTO") == "LL128":
+            raise RuntimeError(
+                "internal error: unhandled cuda error (illegal memory access) in transport setup"
+            )
+        super().__init__(*args)
+
+
+class RejectsOneProtocol(ReferenceBackend):
+    """Every rank turns ACME_PROTO=LL128 down as its group starts, in words its module declares: N/A."""
+
+    name = "mutant_rejects_ll128"
+    refusals = (r"ACME_PROTO=\w+ is not supported on this node",)
+
+    def __init__(self, *args: Any) -> None:
+        if os.environ.get("ACME_PROTO") == "LL128":
+            raise RuntimeError("ACME_PROTO=LL128 is not supported on this node")
+        super().__init__(*args)
+
+
+class FaultsAtFirstStart(ReferenceBackend):
+    """Rank 0 raises as the session's first group starts (a port taken, a link retraining), and never
+    again: the file ACME_START_FAULT_FILE says it has. The second start works; the setting is still
+    reported failing."""
+
+    name = "mutant_faults_at_first_start"
+
+    def __init__(self, store: dist.Store, rank: int, *args: Any) -> None:
+        marker = os.environ.get("ACME_START_FAULT_FILE", "")
+        if marker and rank == 0 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("transport setup: link retraining, no route to rank 1")
+        super().__init__(store, rank, *args)
+
+
 class WrongAfterWear(ReferenceBackend):
     """float32 all_reduce turns wrong (its first element off by one) once the rank has made ACME_WEAR_CALLS
     of them: a node that fails only after a while under load (thermal, a link degrading). A short run
@@ -564,6 +605,9 @@ MUTANTS = [
     BarrierRaisesAnEarlierRefusal,
     NanDroppedInMinMax,
     WrongUnderOneProtocol,
+    FaultsAtStartUnderOneProtocol,
+    RejectsOneProtocol,
+    FaultsAtFirstStart,
     WrongAfterWear,
     WrongOnceInThousands,
 ]

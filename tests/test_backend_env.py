@@ -128,7 +128,8 @@ def test_a_bug_under_one_setting_fails_only_there_and_the_run_names_it(pytester:
 )
 def test_a_setting_the_backend_rejects_is_n_a_with_its_words(pytester: pytest.Pytester) -> None:
     """gloo on Linux has no UV transport: the groups of GLOO_DEVICE_TRANSPORT=UV do not start, and its tests
-    are N/A in gloo's words while TCP's run (a known bug of gloo still held by its plain id), exit 0."""
+    are N/A in gloo's declared words while TCP's run (a known bug of gloo still held by its plain id); UV
+    is then untested, and the run that asked for it fails (exit 1) with no test failed."""
     copy_conformance(pytester.path, ("test_all_reduce.py",))
     result = pytester.runpytest(
         "--world-sizes", "2,3", "-k", "nan_and_inf_in_min_max or (exact_reference and -all_reduce])",
@@ -136,18 +137,79 @@ def test_a_setting_the_backend_rejects_is_n_a_with_its_words(pytester: pytest.Py
         "-rsx", "-p", "no:cacheprovider",
     )  # fmt: skip
     out = result.stdout.str()
-    assert result.ret == 0, out[-3000:]
+    assert result.ret == 1, out[-3000:]  # UV is untested: the run asked for it
     outcomes = result.parseoutcomes()
     # TCP's: the all_reduce at 2 and 3 ranks, and gloo's known bug of NaN in MIN and MAX; UV's: N/A
     assert (outcomes["passed"], outcomes["xfailed"], outcomes["skipped"]) == (2, 2, 4), out[-3000:]
+    assert "failed" not in outcomes and "errors" not in outcomes, out[-3000:]
     assert re.search(
         r"SKIPPED \[\d+\] .*N/A with GLOO_DEVICE_TRANSPORT=UV: gloo rejected it \(RuntimeError: "
         r"makeDeviceForInterface\(\): unsupported gloo device\)",
         out,
     ), out[-3000:]
     assert not unshown(block_of("docs/backend-settings.md", "rejected by gloo").text, out)
-    # one group tried in the rejected configuration, not one per test or world size: 2 + 1 started
-    assert "collectives: 3 worker group(s) started" in out
+    # tried twice in the rejected configuration, not once per test or world size: 2 + 2 started
+    assert "collectives: 4 worker group(s) started" in out
+
+
+@python_backends
+@pytest.mark.parametrize(
+    "backend, settings",
+    [
+        ("mutant_faults_at_start_under_ll128", "ACME_PROTO=LL,LL128"),
+        ("mutant_faults_at_start_under_ll128", "ACME_PROTO=LL128"),
+        ("mutant_rejects_ll128", "ACME_PROTO=LL,LL128"),
+    ],
+)
+def test_a_group_start_under_a_setting_is_n_a_only_in_the_backends_declared_words(
+    pytester: pytest.Pytester, backend: str, settings: str
+) -> None:
+    """A raise as the group starts under a setting was N/A whatever it said: a CUDA error in transport
+    setup read "21 passed, 90 skipped", exit 0, and the node report PASS. Now the backend's declared
+    words reject a setting (N/A, and the setting untested: the run fails); any other words fail its tests,
+    naming the setting and quoting them; either way the node report's settings check fails."""
+    copy_conformance(pytester.path, ("test_all_reduce.py",))
+    result = pytester.runpytest(
+        "--backend-module", "mutant_backends", "--backend", backend, "--world-sizes", "2",
+        "-k", "exact_reference and -all_reduce]", "--backend-env", settings, "--node-report", "report",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    out = result.stdout.str()
+    assert result.ret == 1, out[-3000:]
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) == settings.count(",")  # LL's test, where it is asked for
+    if backend == "mutant_rejects_ll128":
+        assert outcomes["skipped"] == 1 and "errors" not in outcomes, out[-3000:]
+        assert "untested with ACME_PROTO=LL128: none of its tests ran (mutant_rejects_ll128 rejected" in out
+    else:
+        assert outcomes["errors"] == 1, out[-3000:]  # the probe, in the test's set-up
+        assert "the group failed to start 2 of 2 times with ACME_PROTO=LL128" in out
+        assert "illegal memory access) in transport setup" in out
+    report = json.loads((pytester.path / "report" / "report.json").read_text())
+    check = next(c for c in report["checks"] if c["name"] == "backend settings")
+    assert check["status"] == "FAIL", check
+    assert report["verdict"] == "FAIL"
+
+
+@python_backends
+def test_a_group_that_fails_to_start_once_is_tried_again_and_still_fails_its_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's first group start fails on rank 0 (a port taken, a link retraining), the second
+    works: the test that met it fails ("1 of 2 times"), the group is kept, the next test passes on it."""
+    monkeypatch.setenv("ACME_START_FAULT_FILE", str(pytester.path / "faulted"))
+    copy_conformance(pytester.path, ("test_all_reduce.py",))
+    result = pytester.runpytest(
+        "--backend-module", "mutant_backends", "--backend", "mutant_faults_at_first_start",
+        "--world-sizes", "2", "-k", "exact_reference and (-all_reduce] or -ring_all_reduce])",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    out = result.stdout.str()
+    assert result.ret == 1, out[-3000:]
+    result.assert_outcomes(passed=1, errors=1)
+    assert "the group failed to start 1 of 2 times (the second start worked: it is kept)" in out
+    assert "transport setup: link retraining, no route to rank 1" in out
+    assert "collectives: 2 worker group(s) started" in out
 
 
 def test_a_known_bug_names_a_test_as_a_plain_run_does() -> None:

@@ -403,7 +403,7 @@ def test_a_sweep_of_backend_settings_is_in_the_report(tmp_path):
 @pytest.mark.parametrize(
     "failed, status, said",
     [
-        ((0, 0, 0), "PASS", "No test failed in any of the 3 configurations."),
+        ((0, 0, 0), "PASS", "Every test ran and passed in each of the 3 configurations."),
         ((0, 4, 0), "FAIL", "Tests failed only with P=LL128 (none with P=LL and P=Simple): the backend is"),
         ((1, 4, 2), "FAIL", "Tests failed in every one of the 3 configurations: not a fault of one setting"),
     ],
@@ -423,6 +423,22 @@ def test_the_tests_of_each_configuration_are_a_table_naming_the_setting_they_fai
     assert f"| P=LL128 | {10 - failed[1]} | {failed[1]} | 1 |" in files["report.md"].read_text()
     data["tests"].pop("configurations")  # a plain run: no such check
     assert "backend settings" not in {c["name"] for c in read_json(write_report(tmp_path, data))["checks"]}
+
+
+def test_a_configuration_none_of_whose_tests_ran_is_untested_and_fails_the_check(tmp_path):
+    """A setting whose every test was N/A (its groups rejected, or each skipped) verified nothing: the
+    settings check reads PASS only for configurations whose tests ran and passed."""
+    data = cpu_data()
+    data["tests"]["configurations"] = [
+        {"backend_env": "P=LL", "passed": 10, "failed": 0, "skipped": 0},
+        {"backend_env": "P=LL128", "passed": 0, "failed": 0, "skipped": 10},
+    ]
+    check = next(
+        c for c in read_json(write_report(tmp_path, data))["checks"] if c["name"] == "backend settings"
+    )
+    assert check["status"] == "FAIL" and check["reason"].startswith(
+        "Untested with P=LL128: none of its tests ran"
+    )
 
 
 def soak_data(values: list[float], failures: list[dict] | None = None) -> dict:

@@ -174,6 +174,8 @@ _REFUSALS: dict[str, list[str]] = {
         # a layout it does not take: all_to_all_single of a strided view, send and recv of any non-dense one
         r"Tensors must be contiguous",
         r"input tensor has to be contiguous",
+        # a transport the platform lacks (GLOO_DEVICE_TRANSPORT=UV on Linux): the group does not start
+        r"makeDeviceForInterface\(\): unsupported gloo device",
     ],
     # ProcessGroupNCCL's words, from torch's source; the first seen on an H200 (torch 2.11, NCCL 2.28.9)
     "nccl": [
@@ -225,8 +227,26 @@ def refusal(exc: BaseException, backend: str) -> str | None:
     """The one-line reason when ``exc`` is ``backend`` (a name, or a spec such as "cpu:gloo,cuda:nccl")
     saying it does not implement a call, else None."""
     text = re.sub(r"[\x00-\x1f]", " ", str(exc).strip().split("\n")[0]).strip() or type(exc).__name__
+    return _declared(text, backend, isinstance(exc, (NotImplementedError, _NeedsPeers)))
+
+
+_RAISED = re.compile(r"((?:\w+\.)*(\w+)): (.*)")
+
+
+def refused_in(line: str, backend: str) -> str | None:
+    """The same rule for what a rank reported rather than an exception in hand: ``line`` is the last line of
+    its traceback ("RuntimeError: words"), as a group that would not start under a setting left it."""
+    raised = _RAISED.fullmatch(line.strip())
+    if raised is None:
+        return None
+    return _declared(raised.group(3).strip(), backend, raised.group(2) == "NotImplementedError")
+
+
+def _declared(text: str, backend: str, not_implemented: bool) -> str | None:
+    """``text`` (an error's first line) where it is N/A by the one rule: an error that says it is not
+    implemented, or one of the backend's declared words (refuses()); else None, a failure."""
     patterns = [p for name in ("*", *_names(backend)) for p in _REFUSALS.get(name, ())]
-    if isinstance(exc, (NotImplementedError, _NeedsPeers)) or any(re.fullmatch(p, text) for p in patterns):
+    if not_implemented or any(re.fullmatch(p, text) for p in patterns):
         return text[:200]
     return None
 

@@ -18,7 +18,7 @@ from hypothesis import assume, settings
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import SCALE, SMALL, Values, defined, rank_input
+from pytest_collectives.algorithms.reference import SCALE, SMALL, UNWRITTEN_BOOL, Values, defined, rank_input
 from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
@@ -291,7 +291,7 @@ def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.devic
     compares bytes)."""
     size = (shape,) if isinstance(shape, int) else tuple(shape)
     if dtype == torch.bool:
-        return torch.full(size, 0xFF, dtype=torch.uint8, device=device).view(torch.bool)
+        return torch.full(size, UNWRITTEN_BOOL, dtype=torch.uint8, device=device).view(torch.bool)
     if dtype.is_floating_point or dtype.is_complex:
         # filled in float32 and converted: older torch has no fill kernel for float8
         return torch.full(size, float("nan"), device=device).to(dtype)

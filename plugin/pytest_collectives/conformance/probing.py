@@ -36,10 +36,11 @@ _PROBED = pytest.StashKey[dict[tuple[int, Any], "Capabilities"]]()
 MATRIX = pytest.StashKey[Any]()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def capabilities(request: pytest.FixtureRequest, world_size: int, backend_env: Any) -> Capabilities:
     """What the backend supports at this world size (in this configuration of --backend-env), probed on
-    the live group once per session."""
+    the live group once per session (``probed`` keeps it). Not a session-scoped fixture: pytest would keep
+    a probe's failure (a group that failed to start once) and fail every later test with it."""
     return probed(request.config, world_size)
 
 

@@ -112,6 +112,25 @@ class Rejected(Exception):
         self.words = words
 
 
+class Coverage:
+    """Which configurations of a sweep had a test run: one none of whose tests ran (each N/A, rejected or
+    skipped) is untested, and a run that asked for it fails, as a conformance run that checked nothing does.
+    Counted from the test reports (they carry ``backend_env``): an xdist controller counts its workers'."""
+
+    def __init__(self) -> None:
+        self.ran: dict[str, int] = {}  # configuration id -> tests that passed or failed in it
+
+    def add(self, report: pytest.TestReport) -> None:
+        configuration = dict(report.user_properties).get("backend_env")
+        if configuration is None:
+            return
+        ran = report.failed or (report.when == "call" and report.passed)
+        self.ran[configuration] = self.ran.get(configuration, 0) + int(ran)
+
+    def untested(self) -> list[str]:
+        return [configuration for configuration, ran in self.ran.items() if not ran]
+
+
 def of_item(item: pytest.Item) -> Configuration:
     """The configuration ``item`` runs in (the ``backend_env`` parameter; a plain run's where it has none)."""
     callspec = getattr(item, "callspec", None)

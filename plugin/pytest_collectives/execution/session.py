@@ -356,6 +356,8 @@ class DistributedSession:
         # the running test's (--backend-env): every group call during its set-up, call and teardown
         self.configuration = configurations.Configuration()
         self.sizes_run: dict[str, tuple[int, ...]] = {}  # node id -> world sizes its test runs at
+        self.coverage = configurations.Coverage()
+        self.rejected: dict[str, str] = {}  # configuration id -> the backend's words refusing it
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -533,6 +535,7 @@ class DistributedSession:
         try:
             return self.launcher.run(task, test)
         except configurations.Rejected as rejected:
+            self.rejected[rejected.configuration.id] = rejected.words
             self.config.hook.pytest_collectives_configuration_rejected(
                 configuration=rejected.configuration.id, words=rejected.words
             )
@@ -555,10 +558,24 @@ class DistributedSession:
             notes = "\n".join(getattr(exc, "__notes__", []))
             rep.longrepr = f"{notes}\n\n{exc.outcome.render()}" if notes else exc.outcome.render()
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.coverage.add(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workeroutput"):  # an xdist worker: the controller prints the counts
             self.config.workeroutput["collectives_calls"] = {str(n): c for n, c in self.calls.items()}
             self.config.workeroutput["collectives_summary"] = self.launcher.summary()
+        elif self.coverage.untested() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def untested(self) -> list[str]:
+        """A line for each configuration of --backend-env none of whose tests ran."""
+        return [
+            f"untested with {c}: none of its tests ran"
+            + (f" ({self.settings.backend} rejected it: {self.rejected[c]})" if c in self.rejected else "")
+            + "; the run fails"
+            for c in self.coverage.untested()
+        ]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         records = side_by_side.records(self.config)
@@ -568,6 +585,8 @@ class DistributedSession:
             terminalreporter.section("collectives: benchmarks per backend setting")
             for line in compared:
                 terminalreporter.write_line(line)
+        for line in self.untested():
+            terminalreporter.write_line(line, red=True)
         if self.calls:
             sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))
             calls = f"{sum(self.calls.values())} distributed examples ({sizes})"

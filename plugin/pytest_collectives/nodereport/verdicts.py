@@ -162,9 +162,21 @@ def _configuration_check(each: Sequence[Mapping[str, Any]]) -> Check:
         }
     }
     failing = [c["backend_env"] for c in each if c["failed"]]
+    untested = [c["backend_env"] for c in each if not c["failed"] and not c["passed"]]
+    if not failing and untested:
+        return Check(
+            "backend settings",
+            FAIL,
+            f"Untested with {join_names(untested)}: none of its tests ran (N/A or skipped), so nothing was "
+            f"verified under that setting.",
+            details,
+        )
     if not failing:
         return Check(
-            "backend settings", PASS, f"No test failed in any of the {len(each)} configurations.", details
+            "backend settings",
+            PASS,
+            f"Every test ran and passed in each of the {len(each)} configurations.",
+            details,
         )
     if len(failing) == len(each):
         where = f"in every one of the {len(each)} configurations: not a fault of one setting"
@@ -205,8 +217,13 @@ def _soak_checks(soak: Mapping[str, Any]) -> list[Check]:
                 TABLE: {
                     "columns": ["Test", "Backend settings", "Failed in", "First at", "Replay"],
                     "rows": [
-                        [f["nodeid"], f["backend_env"] or "-", f"{f['failed_passes']} of {passes} passes",
-                         f"{clock(f['first_at_s'])} (pass {f['first_pass']})", f["replay"]]
+                        [
+                            f["nodeid"],
+                            f["backend_env"] or "-",
+                            f"{f['failed_passes']} of {passes} passes",
+                            f"{clock(f['first_at_s'])} (pass {f['first_pass']})",
+                            f["replay"],
+                        ]
                         for f in failures
                     ],  # fmt: skip
                 }
