@@ -108,6 +108,42 @@ class CoalescedSumsUnderAnyOp(ReferenceBackend):
         return super().allreduce_coalesced(tensors, opts)
 
 
+class CoalescedInt32RefusedFloat64Wrong(ReferenceBackend):
+    """Coalesced all_reduce refuses int32, in gloo's words (which a ReferenceBackend declares), and zeroes
+    float64: one refused example once ended the test as N/A, depending on which dtype was drawn first."""
+
+    name = "mutant_coalesced_int32_refused_float64_wrong"
+
+    def allreduce_coalesced(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        if tensors[0].dtype == torch.int32:
+            raise RuntimeError("Invalid scalar type")
+        work = super().allreduce_coalesced(tensors, opts)
+        work.wait()
+        for tensor in tensors:
+            if tensor.dtype == torch.float64:
+                tensor.zero_()
+        return work
+
+
+class ChannelsLast1ByteRefused8ByteWrong(ReferenceBackend):
+    """all_to_all_single refuses a channels_last tensor of a 1-byte dtype, in gloo's words, and zeroes one
+    of an 8-byte dtype."""
+
+    name = "mutant_channels_last_1_byte_refused_8_byte_wrong"
+
+    def alltoall_base(
+        self, output: Any, input: Any, out_splits: list[int], in_splits: list[int], opts: Any = None
+    ):
+        channels_last = input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last)
+        if channels_last and not input.is_contiguous() and input.element_size() == 1:
+            raise RuntimeError("Tensors must be contiguous")
+        work = super().alltoall_base(output, input, out_splits, in_splits, opts)
+        work.wait()
+        if channels_last and output.element_size() == 8:
+            output.zero_()
+        return work
+
+
 class ChannelsLastWrittenContiguous(ReferenceBackend):
     """all_gather writes a channels_last output in contiguous order (pytorch issue 163483's shape): the
     bytes arrive, the layout does not."""
@@ -597,6 +633,8 @@ MUTANTS = [
     StorageOffsetIgnored,
     UnwrittenOnRankOne,
     CoalescedSumsUnderAnyOp,
+    CoalescedInt32RefusedFloat64Wrong,
+    ChannelsLast1ByteRefused8ByteWrong,
     ChannelsLastWrittenContiguous,
     StorageCopiedAsDense,
     StridesInFloat32Bytes,

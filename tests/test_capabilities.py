@@ -70,7 +70,7 @@ def test_other_errors_are_not_refusals(exc, backend):
 
 def test_a_backend_declares_its_refusals():
     """A vendor's backend module says what its backend refuses, in its words, and nothing else is N/A."""
-    from pytest_collectives.conformance.capabilities import refuses
+    from pytest_collectives.backends import refuses
 
     refuses("test_vendor", r"vendorccl: dtype \w+ unsupported", like="gloo")
     assert refusal(RuntimeError("vendorccl: dtype Float8_e4m3fn unsupported"), "test_vendor")
@@ -436,7 +436,7 @@ def test_a_later_refusal_never_erases_an_earlier_failure(pytester: pytest.Pytest
         [
             "the failing example: tensors=Tensors(dtype=torch.float32,*",
             "*AssertionError: channels_last all_gather: rank ?'s part on rank ?: 1 of * elements wrong*",
-            "example 2, after this failure, then ended the batch: Skipped: N/A: *refuses all_gather*",
+            "example 2, after this failure, was refused and ended the batch: *refuses all_gather*",
         ]
     )
 
@@ -739,3 +739,17 @@ def test_only_cells_an_operation_takes_are_drawn_and_tallied():
         caps.use(None)
     drawn = Case(("broadcast", "all_reduce"), torch.float32, "premul_sum", 4, "contiguous", None, 0)
     assert drawn.cells() == [("broadcast", "float32", NO_OP), ("all_reduce", "float32", "premul_sum")]
+
+
+@python_backends
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_a_refused_example_never_hides_the_others(pytester: pytest.Pytester, seed: int) -> None:
+    """The backend refuses coalesced int32 in gloo's words and zeroes coalesced float64. One refused example
+    once ended the test as N/A, so the verdict hung on which dtype was drawn first (N/A at seeds 1 and 2,
+    FAIL at 3); now a refusal ends only its example, and the float64 examples fail at every seed."""
+    result = run_on_backend(
+        pytester, "mutant_coalesced_int32_refused_float64_wrong", "test_operations.py", "-k", "coalesced",
+        "--hypothesis-seed", str(seed),
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*over 3 ranks of torch.float64: * elements differ*"])

@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import re
 import types
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import assume
+from hypothesis.errors import UnsatisfiedAssumption
 
 from pytest_collectives.conformance.cases import tiers_at
-from pytest_collectives.execution.examples import Tally, each_example, run_batch, tallied
+from pytest_collectives.execution.examples import (
+    Sweep,
+    Tally,
+    each_example,
+    refused_example,
+    run_batch,
+    tallied,
+)
 from pytest_collectives.execution.messages import FAILED, PASSED
 from pytest_collectives.execution.outcome import GroupOutcome, RankReport
 from pytest_collectives.execution.session import last_of_each_size, world_sizes_run
@@ -158,6 +167,41 @@ def test_a_batch_tallies_the_examples_it_turned_down() -> None:
     with tallied(tally):
         run_batch(check, [{"x": 1}, {"x": 2}, {"x": 3}], (), {})
     assert tally.turned_down == [1] and tally.ran == 2
+
+
+@pytest.mark.parametrize("backend, ran, resume_at", [("gloo", 2, None), ("acme", 1, 2)])
+def test_a_refused_example_ends_only_itself(backend: str, ran: int, resume_at: int | None) -> None:
+    """A refusal in the backend's words turns its example down and the batch goes on; on a backend that
+    may keep state after a raise the batch ends there, and says where the rest starts (the controller runs
+    it in a call of its own). A refused example once skipped the whole test as N/A."""
+
+    def check(pg: object, x: int) -> None:
+        if x == 2:
+            refused_example("acme refuses int32: Invalid scalar type")
+
+    tally = Tally()
+    with tallied(tally):
+        run_batch(check, [{"x": 1}, {"x": 2}, {"x": 3}], (), {"pg": SimpleNamespace(backend=backend)})
+    assert (tally.ran, tally.turned_down, tally.resume_at) == (ran, [1], resume_at)
+    assert tally.refused == ["acme refuses int32: Invalid scalar type"]
+    kwargs = {"batch": [{"x": 1}, {"x": 2}, {"x": 3}]}
+    judged = [a["x"] for a, _ in each_example(kwargs, "passed", None, tally.turned_down, (), resume_at)]
+    assert judged == ([1, 3] if resume_at is None else [1])
+
+
+def test_a_sweep_refused_throughout_ends_instead_of_being_drawn_again() -> None:
+    """A sweep is drawn the same every time: refused throughout, it ends (the controller calls the test
+    N/A), where a batch of drawn examples asks hypothesis for another."""
+
+    def check(pg: object, x: int) -> None:
+        refused_example("Tensors must be contiguous")
+
+    tally = Tally()
+    with tallied(tally):
+        run_batch(check, Sweep([{"x": 1}, {"x": 2}]), (), {"pg": SimpleNamespace(backend="gloo")})
+    assert tally.ran == 0 and len(tally.refused) == 2
+    with tallied(Tally()), pytest.raises(UnsatisfiedAssumption):
+        run_batch(check, [{"x": 1}, {"x": 2}], (), {"pg": SimpleNamespace(backend="gloo")})
 
 
 def test_the_last_test_of_each_world_size_is_known() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 # name -> (module under pytest_collectives, attribute; None: the module itself, a public namespace)
 _PUBLIC: dict[str, tuple[str, str | None]] = {
     # writing distributed tests
-    **{n: ("execution.examples", n) for n in ("examples", "sweep")},
+    **{n: ("execution.examples", n) for n in ("examples", "refused_example", "sweep")},
     **{
         n: ("execution.session", n)
         for n in (
@@ -40,7 +40,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     },
     # a backend's declarations (its backend module)
     **{n: ("backends", n) for n in ("clean_after_a_raise", "keeps_state_after_a_raise")},
-    "refuses": ("conformance.capabilities", "refuses"),
+    "refuses": ("backends", "refuses"),
     "backend_env_preset": ("execution.configurations", "backend_env_preset"),
     # conformance: what the backend supports, the cases drawn, the properties checked
     "capabilities": ("conformance.capabilities", None),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import assume
 from hypothesis import strategies as st
 
 from pytest_collectives import (
@@ -34,6 +33,7 @@ from pytest_collectives import (
     reduce_op,
     reductions,
     refusal,
+    refused_example,
     registered,
     registry,
     sentinel,
@@ -179,10 +179,10 @@ def test_channels_last_is_read_and_written_as_laid_out(pg, case, shape):
         else:
             dist.all_gather(outputs, mine)
     except Exception as exc:
-        if refusal(exc, pg.backend):
+        if reason := refusal(exc, pg.backend):
             # refusing the layout in its own words is correct (NCCL: "Tensors must be contiguous"), and
             # checks nothing: the example is turned down, not a pass of its cell
-            assume(False)
+            refused_example(f"{pg.backend} refuses channels_last {name}: {reason}")
         raise
     if name == "all_reduce":
         assert_reduced_close(mine, inputs, case.op, case.values)
@@ -325,7 +325,7 @@ def test_coalesced_all_reduce_equals_uncoalesced(pg, case, count):
     except Exception as exc:
         reason = refusal(exc, pg.backend)
         if not reason:
-            raise  # only a refusal in the backend's own words is N/A
-        pytest.skip(f"N/A: {pg.backend} does not coalesce all_reduce: {reason}")
+            raise  # only a refusal in the backend's own words is N/A, and of this example alone
+        refused_example(f"{pg.backend} does not coalesce all_reduce: {reason}")
     for t, x in zip(tensors, inputs, strict=True):
         assert_reduced_close(t, x, case.op, case.values)

@@ -215,7 +215,7 @@ class CapabilityMatrix:
         if report.when == "call" and not report.skipped and "conformance" in report.keywords:
             self.ran += 1
             if report.failed:
-                from pytest_collectives.conformance.capabilities import resembles
+                from pytest_collectives.backends import resembles
 
                 found = resembles(report.longreprtext, self.backend)
                 if found:

@@ -21,7 +21,7 @@ from typing import Any
 import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
 import torch.distributed as dist
 
-from pytest_collectives.conformance.capabilities import refuses
+from pytest_collectives.backends import refuses
 
 __all__ = ["NcclRulesBackend", "ReferenceBackend", "register"]
 

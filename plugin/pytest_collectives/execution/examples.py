@@ -21,7 +21,9 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import pytest
 
 if TYPE_CHECKING:  # the ranks import this module for tallied(): hypothesis waits for a test's @examples
     from hypothesis import strategies as st
@@ -45,6 +47,28 @@ class Tally:
     expected: tuple[tuple[str, str], ...] = ()
     known: list[int] = dataclasses.field(default_factory=list)
     known_error: BaseException | None = None  # the first of them
+    refused: list[str] = dataclasses.field(default_factory=list)  # the words of each example refused
+    # where a refusal ended the batch on a backend that may keep state after a raise: the first example
+    # not run, which the controller runs in a call of its own, after the pool asked the group whether the
+    # raise left it fit, or replaced it (pool.GroupPool._asked; NCCL's always)
+    resume_at: int | None = None
+
+
+class ExampleRefused(pytest.skip.Exception):
+    """The backend refused this example's call in its declared words (``refused_example``). A skip, so
+    that outside a batch the test is N/A, as it always was."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"N/A: {reason}")
+        self.reason = reason
+
+
+def refused_example(reason: str) -> NoReturn:
+    """End this example as N/A: the backend refused its call, ``reason`` its words (``refusal``). Only this
+    example: the batch goes on with the next (on a backend that may keep state after a raise, on a fresh
+    group), and a test is N/A only where none of its examples ran, so its verdict does not depend on the
+    order examples are drawn in."""
+    raise ExampleRefused(reason)
 
 
 _TALLY: contextvars.ContextVar[Tally | None] = contextvars.ContextVar("collectives_tally", default=None)
@@ -135,10 +159,12 @@ def run_batch(
     it skipped are reported hung a few seconds later (the pool's grace after a failure). An example that
     fails with the test's known bug (``Tally.expected``), whatever it raises, is tallied and passed over.
 
-    The first failure stands whatever a later example does: a skip (``pytest.skip``, a refusal read as
-    N/A, a BaseException) or an error after it is named beside it, never instead of it."""
-    import pytest
+    The first failure stands whatever a later example does: a skip (``pytest.skip``, a BaseException) or an
+    error after it is named beside it, never instead of it. A refused example (``refused_example``) ends
+    only itself."""
     from hypothesis.errors import UnsatisfiedAssumption
+
+    from pytest_collectives.backends import keeps_state_after_a_raise
 
     tally = _TALLY.get() or Tally()
     pg = kwargs.get("pg")
@@ -148,6 +174,16 @@ def run_batch(
             pg.reseed(example)
         try:
             fn(*args, **kwargs, **example)
+        except ExampleRefused as exc:
+            tally.turned_down.append(i)
+            tally.refused.append(exc.reason)
+            if keeps_state_after_a_raise(getattr(pg, "backend", "")):
+                tally.resume_at = i + 1  # the refusal may have left this group unfit for the next
+                if first is not None:
+                    _note(first, f"example {i + 1}, after this failure, was refused and ended the batch: "
+                          f"{exc.reason}")  # fmt: skip
+                break
+            continue
         except UnsatisfiedAssumption:
             tally.turned_down.append(i)  # every rank draws the same, so on every rank
             continue
@@ -170,8 +206,10 @@ def run_batch(
         tally.ran += 1
     if first is not None:
         raise first
-    if not tally.ran:
-        raise UnsatisfiedAssumption  # every example turned down: hypothesis draws another batch
+    # every example turned down: hypothesis draws another batch; but a sweep, refused throughout, would
+    # only be drawn again the same: it ends, and the test is N/A if no example of it ran (dispatch)
+    if not tally.ran and tally.resume_at is None and not (tally.refused and isinstance(batch, Sweep)):
+        raise UnsatisfiedAssumption
 
 
 def _raise_after(first: AssertionError | None, exc: BaseException, i: int, tally: Tally) -> None:
@@ -221,13 +259,15 @@ def each_example(
     failed_example: int | None,
     turned_down: Collection[int] = (),
     known: Collection[int] = (),
+    resume_at: int | None = None,
 ) -> Iterator[tuple[dict[str, Any], str]]:
     """(arguments, verdict) of each example of a batch up to its first failure: those before it passed,
-    and those after it tell nothing; nor do those ``turned_down`` (an assumption refused them). Those
-    ``known`` failed with a known bug of the test: KNOWN."""
+    and those after it tell nothing; nor do those ``turned_down`` (an assumption or a refusal turned them
+    down) or those from ``resume_at`` on (not run in this call). Those ``known`` failed with a known bug
+    of the test: KNOWN."""
     fixtures = {k: v for k, v in kwargs.items() if k != "batch"}
     failed = verdict == "failed" and failed_example is not None
-    for i, example in enumerate(kwargs["batch"]):
+    for i, example in enumerate(kwargs["batch"][:resume_at]):
         if failed and i == failed_example:
             yield {**fixtures, **example}, verdict
             return

@@ -98,6 +98,8 @@ class RankResult:
     turned_down: list[int] = dataclasses.field(default_factory=list)  # those an assumption refused
     known: list[int] = dataclasses.field(default_factory=list)  # those that failed with a known bug
     known_failure: str = ""  # the first of them, its traceback
+    refused: list[str] = dataclasses.field(default_factory=list)  # the words of each example refused
+    resume_at: int | None = None  # the first example a refusal left unrun (examples.Tally.resume_at)
     printed: bool = True  # whether the rank wrote to its stdout or stderr in the test
     # time.perf_counter() when the rank took the task, began the body, ended it and answered: where a test's
     # time goes on the ranks (docs/measurements/scripts/bench_harness_cost.py)

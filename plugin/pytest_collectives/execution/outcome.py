@@ -28,6 +28,8 @@ class RankReport:
     turned_down: list[int] = dataclasses.field(default_factory=list)  # those an assumption refused here
     known: list[int] = dataclasses.field(default_factory=list)  # those that failed with a known bug here
     known_failure: str = ""  # the first of them, its traceback
+    refused: list[str] = dataclasses.field(default_factory=list)  # the words of each example refused
+    resume_at: int | None = None  # the first example a refusal left unrun here
 
     @classmethod
     def of(cls, result: RankResult, **more: object) -> RankReport:
@@ -44,6 +46,8 @@ class RankReport:
             turned_down=result.turned_down,
             known=result.known,
             known_failure=result.known_failure,
+            refused=result.refused,
+            resume_at=result.resume_at,
             **more,  # type: ignore[arg-type]
         )
 
@@ -80,6 +84,15 @@ class GroupOutcome:
     def turned_down(self) -> set[int]:
         """In a batch of examples, those an assumption refused on any rank: they passed nothing."""
         return {i for r in self.ranks for i in r.turned_down}
+
+    def refused(self) -> list[str]:
+        """The backend's words for each example it refused (the same on every rank: rank 0's)."""
+        return self.ranks[0].refused if self.ranks else []
+
+    def resume_at(self) -> int | None:
+        """In a batch a refusal ended on a backend that may keep state after a raise, the first example
+        left to run in a call of its own; None where the batch ran to its end."""
+        return max((r.resume_at for r in self.ranks if r.resume_at is not None), default=None)
 
     def known(self) -> set[int]:
         """In a batch of examples, those that failed with a known bug of the test on any rank."""

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from pytest_collectives.algorithms import registry
+from pytest_collectives.backends import refused_in
 from pytest_collectives.execution.configurations import Configuration, Env, Rejected
 from pytest_collectives.execution.forkserver import forkserver_context
 from pytest_collectives.execution.messages import FAILED, PASSED, GroupSpec, RankResult, Task
@@ -276,12 +277,6 @@ def _start_words(failure: GroupOutcome) -> str | None:
     return _last_line(next(r for r in failure.ranks if r.status == FAILED), "")
 
 
-def _refused(words: str, backend: str) -> bool:
-    from pytest_collectives.conformance.capabilities import refused_in  # imports torch
-
-    return refused_in(words, backend) is not None
-
-
 def _last_line(report: RankReport | None, otherwise: str) -> str:
     """The last line of what a rank said (its exception, for a traceback), or ``otherwise``."""
     said = report.detail.strip() if report else ""
@@ -422,7 +417,7 @@ class GroupPool:
             # N/A only in the backend's declared words, and only where each start raised them (no crash or
             # hang): anything else is a failure of the setting that quotes what the ranks said.
             words = [_start_words(f) for f in failures]
-            if env and all(w is not None and _refused(w, self.backend) for w in words):
+            if env and all(w is not None and refused_in(w, self.backend) is not None for w in words):
                 self.rejected[env] = Rejected(Configuration(env), self.backend, words[-1] or "")
                 raise self.rejected[env]
             failures[-1].replaced.append(

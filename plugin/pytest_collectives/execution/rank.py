@@ -448,6 +448,8 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         failed_example=tally.failed_example,
         turned_down=tally.turned_down,
         known=tally.known,
+        refused=tally.refused,
+        resume_at=tally.resume_at,
         known_failure=_outcome_of(known, known.__traceback__)[1] if (known := tally.known_error) else "",
         timeline=(start, start + duration),
     )

@@ -59,6 +59,23 @@ EXPECTED_FAILURES = pytest.StashKey[tuple[tuple[str, str], ...]]()
 _KNOWN_SEEN = pytest.StashKey[str]()  # the first example's failure with one of them
 
 
+@dataclasses.dataclass
+class _Examples:
+    """A test's examples over all its dispatches: how many ran, and the backend's words for each refused."""
+
+    ran: int = 0
+    refused: list[str] = dataclasses.field(default_factory=list)
+
+    def not_applicable(self) -> str | None:
+        """The N/A reason where the backend refused every example and none ran, else None."""
+        if self.ran or not self.refused:
+            return None
+        return f"N/A: every example refused ({len(self.refused)}): {self.refused[0]}"
+
+
+_EXAMPLES = pytest.StashKey[_Examples]()
+
+
 class KnownBugSeen(Exception):
     """Raised once a test's examples all ran, where some failed with a known bug of the test and none with
     anything else: the failure (a rank's traceback) the known-bug manifest's strict xfail then judges."""
@@ -389,7 +406,7 @@ class DistributedSession:
         if self.configuration.env and ("backend_env", self.configuration.id) not in item.user_properties:
             # on its reports (under xdist too) and in JUnit XML: which settings each outcome was under
             item.user_properties.append(("backend_env", self.configuration.id))
-        for key in (_outcome_key, _KNOWN_SEEN):  # a soak's earlier pass of the item
+        for key in (_outcome_key, _KNOWN_SEEN, _EXAMPLES):  # a soak's earlier pass of the item
             if key in item.stash:
                 del item.stash[key]
 
@@ -417,6 +434,8 @@ class DistributedSession:
         # world sizes come from metafunc, so without this a failure found at 3 ranks replays at 2 first,
         # passes there and is deleted.
         fn.hypothesis.inner_test._hypothesis_internal_add_digest = pyfuncitem.nodeid.encode()
+        from hypothesis.errors import FailedHealthCheck, Unsatisfiable
+
         callspec = getattr(pyfuncitem, "callspec", None)
         token = _PARAMS.set(dict(callspec.params) if callspec else {})
         sizes_token = _SIZES.set(self.sizes_run.get(pyfuncitem.nodeid, ()))
@@ -426,9 +445,16 @@ class DistributedSession:
             tuned = examples.settings_for(fn, bool(expected_to_fail))
             with self.launcher.hypothesis_settings(fn), tuned, examples_sent_to(fn, on_ranks):
                 fn(**funcargs)
+        except (Unsatisfiable, FailedHealthCheck):
+            # hypothesis found no example to run: where the backend refused each one, the test is N/A
+            if reason := pyfuncitem.stash.get(_EXAMPLES, _Examples()).not_applicable():
+                pytest.skip(reason)
+            raise
         finally:
             _PARAMS.reset(token)
             _SIZES.reset(sizes_token)
+        if reason := pyfuncitem.stash.get(_EXAMPLES, _Examples()).not_applicable():
+            pytest.skip(reason)
         if _KNOWN_SEEN in pyfuncitem.stash:  # every example ran and no other failed: the test holds its bug
             raise KnownBugSeen(pyfuncitem.stash[_KNOWN_SEEN])
         return True
@@ -481,10 +507,18 @@ class DistributedSession:
         batched = hypothesis_inner and examples.is_batched(item.obj)
         failed_at = outcome.failed_example() if batched else None
         calls = (
-            examples.each_example(kwargs, verdict, failed_at, outcome.turned_down(), outcome.known())
+            list(
+                examples.each_example(
+                    kwargs, verdict, failed_at, outcome.turned_down(), outcome.known(), outcome.resume_at()
+                )
+            )
             if batched
             else [(kwargs, verdict)]
         )
+        if batched:
+            seen = item.stash.setdefault(_EXAMPLES, _Examples())
+            seen.ran += len(calls)
+            seen.refused += outcome.refused()
         if outcome.known_failure() and _KNOWN_SEEN not in item.stash:
             item.stash[_KNOWN_SEEN] = outcome.known_failure()
         if verdict == "failed" and failed_at is not None:
@@ -517,6 +551,12 @@ class DistributedSession:
             if self.configuration.env:
                 context["backend_env"] = self.configuration.id
             record(bench, outcome.benchmark(), context)
+        resume = outcome.resume_at() if batched else None
+        if resume is not None and resume < len(kwargs["batch"]):
+            # a refusal ended the batch on a backend that may keep state after a raise: the rest of it
+            # runs in a call of its own, once the pool asked the group (or replaced it), each example judged
+            rest = type(kwargs["batch"])(kwargs["batch"][resume:])
+            self.dispatch(item, n, {**kwargs, "batch": rest}, test, hypothesis_inner)
 
     def run_on_ranks(self, n: int, fn: Callable[..., Any], kwargs: dict[str, Any]) -> list[Any]:
         outcome = self.outcome_on_ranks(n, fn, kwargs)
