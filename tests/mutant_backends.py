@@ -566,6 +566,33 @@ class FaultsAtFirstStart(ReferenceBackend):
         super().__init__(store, rank, *args)
 
 
+class TransfersDropped(ReferenceBackend):
+    """Receives and all_reduces that do not land: after the first call of each (ACME_DROP=after-first) or
+    one call in a hundred (ACME_DROP=1-in-100). The data moves into a scratch buffer, so the ranks stay
+    paired and the figures look healthy; only a check of each timed call's bytes can tell."""
+
+    name = "mutant_transfers_dropped"
+    calls: dict[str, int] = {}
+
+    @staticmethod
+    def _dropped(kind: str, tensors: list[Any]) -> bool:
+        if tensors[0].numel() < 256:  # the harness's own calls (a round's times, its verdict) stay whole
+            return False
+        count = TransfersDropped.calls[kind] = TransfersDropped.calls.get(kind, 0) + 1
+        how = os.environ.get("ACME_DROP", "after-first")
+        return count > 1 if how == "after-first" else count % 100 == 0
+
+    def recv(self, tensors: list[Any], src: int, tag: int) -> dist.Work:
+        if self._dropped("recv", tensors):
+            tensors = [torch.empty_like(t) for t in tensors]
+        return super().recv(tensors, src, tag)
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        if self._dropped("allreduce", tensors):
+            tensors = [t.clone() for t in tensors]
+        return super().allreduce(tensors, opts)
+
+
 class WrongAfterWear(ReferenceBackend):
     """float32 all_reduce turns wrong (its first element off by one) once the rank has made ACME_WEAR_CALLS
     of them: a node that fails only after a while under load (thermal, a link degrading). A short run
@@ -643,6 +670,7 @@ MUTANTS = [
     BarrierRaisesAnEarlierRefusal,
     NanDroppedInMinMax,
     WrongUnderOneProtocol,
+    TransfersDropped,
     FaultsAtStartUnderOneProtocol,
     RejectsOneProtocol,
     FaultsAtFirstStart,

@@ -7,8 +7,11 @@ import os
 import textwrap
 import time
 
+import pytest
 import torch
+from helpers import SUITES, torch_below
 
+from pytest_collectives.bench.stamps import Stamps
 from pytest_collectives.bench.timing import (
     ROUND_FLOOR_S,
     WARMUP_ITERATIONS,
@@ -110,3 +113,64 @@ def test_the_shim_reaches_what_it_needs_in_the_installed_pytest_benchmark(pytest
         "--benchmark-min-time", "0.002",
     )  # fmt: skip
     result.assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("dropped", ["after-first", "one-in-a-hundred"])
+def test_every_timed_call_is_checked_by_its_stamp(dropped):
+    """A copy that lands only on its first call, or drops one in a hundred: each fails the benchmark, named
+    by its call. One check at the end proved only that one transfer landed (the bytes never changed
+    between calls)."""
+    calls = 0
+    source, inbox = torch.zeros(64), torch.full((64,), float("nan"))
+
+    def copy():
+        nonlocal calls
+        calls += 1
+        if not (calls > 1 if dropped == "after-first" else calls % 100 == 0):
+            inbox.copy_(source)
+
+    spec = BenchSpec(enabled=True, min_rounds=200, max_time_s=0.0, min_time_s=0.0)
+    with pytest.raises(AssertionError, match=r"did not land as sent: the first, of call \d+ \(buffer 0\)"):
+        RankBenchmark(spec, torch.device("cpu"))(copy, stamps=Stamps(sends=[source], receives=[inbox]))
+    clean = Stamps(sends=[source], receives=[inbox])
+    RankBenchmark(spec, torch.device("cpu"))(lambda: inbox.copy_(source), stamps=clean)
+    assert torch.equal(inbox, clean.as_landed(torch.zeros(64)))
+
+
+def test_the_last_timed_call_is_checked_too():
+    """Only the last call dropped: its receive still holds the call before's stamp, which a check of the
+    final bytes alone took for a landed transfer."""
+    source, inbox = torch.zeros(8), torch.zeros(8)
+    stamps = Stamps(sends=[source], receives=[inbox])
+    copy = stamps.wrap(lambda: inbox.copy_(source))
+    for _ in range(9):
+        copy()
+    assert stamps.check() is None
+    stamps.wrap(lambda: None)()  # the tenth, dropped
+    assert stamps.check().startswith(
+        "1 of 1 timed receives of a round did not land as sent: the first, of call 10"
+    )
+
+
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+@pytest.mark.parametrize("drop", ["after-first", "1-in-100"])
+def test_a_backend_dropping_timed_transfers_fails_every_kind_of_benchmark(pytester, monkeypatch, drop):
+    """Receives and all_reduces that do not land, though the ranks stay paired and the figures healthy:
+    the P2P, all-pairs, overlap and collective benchmarks each fail on their stamps."""
+    monkeypatch.setenv("ACME_DROP", drop)
+    for path in (SUITES / "perf").glob("*.py"):
+        (pytester.path / path.name).write_text(path.read_text())
+    for name in ("conftest.py", "known_bugs.json"):
+        (pytester.path / name).write_text((SUITES / name).read_text())
+    selected = [
+        "test_send_bandwidth and send_recv-unidir", "test_pair_bandwidth", "test_two_transfers",
+        "test_matmul_with_transfer and send", "test_all_reduce and -all_reduce]",
+    ]  # fmt: skip
+    result = pytester.runpytest(
+        "--backend-module", "mutant_backends", "--backend", "mutant_transfers_dropped", "--world-sizes", "2",
+        "--max-bytes", "4K", "--benchmark-min-rounds", "120", "--benchmark-max-time", "0",
+        "-k", " or ".join(f"({s})" for s in selected), "-p", "no:cacheprovider",
+    )  # fmt: skip
+    out = result.stdout.str()
+    result.assert_outcomes(failed=6)  # two pairs
+    assert out.count("timed receives of a round did not land as sent") >= 6, out[-3000:]

@@ -84,6 +84,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     # benchmarks: timing inside the workers, message sizes
     **{n: ("bench.timing", n) for n in ("format_size", "measure", "parse_size")},
     "size_sweep": ("bench.timing", "sweep"),
+    "Stamps": ("bench.stamps", "Stamps"),
 }
 
 __all__ = sorted(_PUBLIC)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pytest_collectives import NO_OP, REDUCTIONS, Case, Values, properties, registered, registry
+from pytest_collectives import NO_OP, REDUCTIONS, Case, Stamps, Values, properties, registered, registry
 from pytest_collectives import collectives as alg
 
 ALL_REDUCES = {
@@ -20,9 +20,15 @@ ALL_REDUCES = {
     "ring": alg.ring_all_reduce,
     "naive_ring": alg.naive_ring_all_reduce,
 }
-# Each under the registered algorithm's name, whose `uses` say what the backend must have: N/A without it,
-# as in conformance (a backend with no reduce has no reduce_broadcast to measure, and that is no failure).
-REGISTERED_AS = {"ring": "ring_all_reduce", "naive_ring": "naive_ring_all_reduce"}
+# What each needs of the backend, as conformance declares it: N/A without it (a backend with no reduce has
+# no reduce_broadcast to measure, and that is no failure).
+NEEDS = {
+    "all_reduce": ("all_reduce",),
+    "reduce_broadcast": ("reduce", "broadcast"),
+    "reduce_scatter_all_gather": ("reduce_scatter_single", "all_gather_single"),
+    "ring": ("send_recv",),
+    "naive_ring": ("send_recv",),
+}
 
 
 # Checked values per rank at most: the reference is built on the host from every rank's input.
@@ -41,13 +47,21 @@ def check_once(pg, operation: str, implementation, size: int) -> None:  # noqa: 
 @pytest.mark.world_size()
 @pytest.mark.parametrize(
     "algorithm",
-    [pytest.param(a, marks=pytest.mark.needs(REGISTERED_AS.get(a, a)), id=a) for a in ALL_REDUCES],
+    [pytest.param(a, marks=pytest.mark.needs(*NEEDS[a], together=True), id=a) for a in ALL_REDUCES],
 )
 def test_all_reduce(pg, benchmark, algorithm, nbytes):
-    tensor = torch.ones(nbytes // 4, device=pg.device)
+    n, tensor = pg.world_size, torch.ones(nbytes // 4, device=pg.device)
     benchmark.extra_info.update(dtype="float32", algorithm=algorithm)
-    benchmark(ALL_REDUCES[algorithm], tensor, nbytes=nbytes, collective="all_reduce")
+    stamps = Stamps(sends=[tensor], receives=[tensor], landed=lambda s, j: n * s)  # every timed call checked
+    benchmark(ALL_REDUCES[algorithm], tensor, nbytes=nbytes, collective="all_reduce", stamps=stamps)
     check_once(pg, "all_reduce", ALL_REDUCES[algorithm], tensor.numel())
+
+
+def chunks(whole: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """The n chunks of ``whole``: where each rank's part of a reduce_scatter or an all_gather lies, each
+    stamped or read on its own (Stamps)."""
+    chunk = whole.numel() // n
+    return [whole[i * chunk : (i + 1) * chunk] for i in range(n)]
 
 
 @pytest.mark.world_size()
@@ -62,7 +76,7 @@ def test_ring_reduce_scatter(pg, benchmark, steps_per_rank, nbytes):
     benchmark.extra_info.update(dtype="float32", steps=steps_per_rank * n)
     benchmark(
         alg.ring_reduce_scatter, output, source, steps=steps_per_rank * n, nbytes=chunk * n * 4,
-        collective="reduce_scatter",
+        collective="reduce_scatter", stamps=Stamps(chunks(source, n), [output], landed=lambda s, j: n * s),
     )  # fmt: skip
 
     def ring(output, input, op, group):  # noqa: ANN001, ANN202 - the reduce_scatter contract
@@ -79,7 +93,10 @@ def test_backend_reduce_scatter(pg, benchmark, nbytes):
     source = torch.ones(chunk * n, device=pg.device)
     output = torch.empty(chunk, device=pg.device)
     benchmark.extra_info.update(dtype="float32")
-    benchmark(alg.reduce_scatter_single, output, source, nbytes=chunk * n * 4, collective="reduce_scatter")
+    benchmark(
+        alg.reduce_scatter_single, output, source, nbytes=chunk * n * 4, collective="reduce_scatter",
+        stamps=Stamps(chunks(source, n), [output], landed=lambda s, j: n * s),
+    )  # fmt: skip
     check_once(pg, "reduce_scatter", registry.get("reduce_scatter_single"), chunk)
 
 
@@ -91,7 +108,13 @@ def test_all_gather(pg, benchmark, nbytes):
     output = torch.empty(chunk * n, device=pg.device)
     mine = torch.ones(chunk, device=pg.device)
     benchmark.extra_info.update(dtype="float32")
-    benchmark(alg.all_gather_single, output, mine, nbytes=chunk * n * 4, collective="all_gather")
+    # each rank's part, stamped as its own, in its chunk on every rank
+    stamps = Stamps(
+        [mine], chunks(output, n), landed=lambda s, j: s + j * Stamps.SPACING, offset=pg.rank * Stamps.SPACING
+    )
+    benchmark(
+        alg.all_gather_single, output, mine, nbytes=chunk * n * 4, collective="all_gather", stamps=stamps
+    )
     check_once(pg, "all_gather", registry.get("all_gather_single"), chunk)
 
 
@@ -100,7 +123,8 @@ def test_all_gather(pg, benchmark, nbytes):
 def test_broadcast(pg, benchmark, nbytes):
     tensor = torch.ones(nbytes // 4, device=pg.device)
     benchmark.extra_info.update(dtype="float32")
-    benchmark(dist.broadcast, tensor, 0, nbytes=nbytes, collective="broadcast")
+    stamps = Stamps(sends=[tensor] * (pg.rank == 0), receives=[tensor] * (pg.rank != 0))
+    benchmark(dist.broadcast, tensor, 0, nbytes=nbytes, collective="broadcast", stamps=stamps)
     check_once(pg, "broadcast", registry.get("broadcast"), tensor.numel())
 
 
@@ -119,7 +143,8 @@ def test_reduce(pg, benchmark, nbytes):
     n, count = pg.world_size, nbytes // 4
     tensor = rank_values(pg, pg.rank, count)
     benchmark.extra_info.update(dtype="float32")
-    benchmark(dist.reduce, tensor, 0, nbytes=count * 4, collective="reduce")
+    stamps = Stamps(sends=[tensor], receives=[tensor] * (pg.rank == 0), landed=lambda s, j: n * s)
+    benchmark(dist.reduce, tensor, 0, nbytes=count * 4, collective="reduce", stamps=stamps)
     tensor = rank_values(pg, pg.rank, count)
     dist.reduce(tensor, 0)
     if pg.rank == 0:
@@ -197,10 +222,9 @@ def test_sendrecv(pg, benchmark, nbytes):
             work.wait()
 
     benchmark.extra_info.update(dtype="float32")
-    benchmark(shift, nbytes=payload.numel() * 4, collective="sendrecv")
-    inbox.zero_()
-    shift()
-    assert torch.equal(inbox, rank_values(pg, (me - 1) % n, payload.numel()))
+    stamps = Stamps([payload], [inbox])
+    benchmark(shift, nbytes=payload.numel() * 4, collective="sendrecv", stamps=stamps)
+    assert torch.equal(inbox, stamps.as_landed(rank_values(pg, (me - 1) % n, payload.numel())))
 
 
 @pytest.mark.world_size()

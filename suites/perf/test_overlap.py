@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from copycheck import SENTINEL, assert_copied, pattern, sentinel
 
+from pytest_collectives import Stamps, measure
 from pytest_collectives import collectives as alg
-from pytest_collectives import measure
 
 BASELINE_ROUNDS = 10
 MATMUL_N = 256
@@ -56,11 +56,12 @@ def test_two_transfers(pg, benchmark, nbytes):
     sequential_s = _median(pg, sequential)
     for inbox in inboxes:
         inbox.view(torch.uint8).fill_(SENTINEL)  # what lands from here on is the concurrent exchanges'
-    benchmark(concurrent, nbytes=4 * nbytes, collective="p2p")
+    stamps = Stamps(sends=bufs, receives=inboxes)
+    benchmark(concurrent, nbytes=4 * nbytes, collective="p2p", stamps=stamps)
     _note_ratio(benchmark, "sequential_median_s", sequential_s, "concurrent_over_sequential")
     for i, inbox in enumerate(inboxes):
         what = f"exchange {i + 1} of 2 in flight on rank {pg.rank}"
-        assert_copied(inbox, pattern(nbytes, 2 * peer + i), what)
+        assert_copied(inbox, stamps.as_landed(pattern(nbytes, 2 * peer + i).view(torch.float32)), what)
 
 
 @pytest.mark.world_size(2)
@@ -97,10 +98,13 @@ def test_matmul_with_transfer(pg, benchmark, transfer, nbytes):
 
     alone_s = _median(pg, matmul)
     benchmark.extra_info["transfer"] = transfer
-    benchmark(overlapped, nbytes=nbytes, collective="p2p")
+    # a copy into the peer's GPU is read there: its stamps are the peer's, checked by the final bytes alone
+    stamps = Stamps(sends=[buf], receives=[inbox] * (inbox.device == pg.device))
+    benchmark(overlapped, nbytes=nbytes, collective="p2p", stamps=stamps)
     _note_ratio(benchmark, "alone_median_s", alone_s, "slowdown")
     sender = peer if transfer == "send" else pg.rank
-    assert_copied(inbox, pattern(nbytes, sender), f"{transfer} overlapped with a matmul on rank {pg.rank}")
+    sent = stamps.as_landed(pattern(nbytes, sender).view(torch.float32))
+    assert_copied(inbox, sent, f"{transfer} overlapped with a matmul on rank {pg.rank}")
 
 
 @pytest.mark.world_size()

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from copycheck import assert_copied, largest_group, pattern, sentinel
 
-from pytest_collectives import measure, share
+from pytest_collectives import Stamps, measure, share
 
 LATENCY_BYTES = 4
 
@@ -55,10 +55,15 @@ def test_send_bandwidth(pg, benchmark, mode, direction, nbytes):
     buf, inbox = own_and_inbox(pg, nbytes)
     moved = nbytes * (2 if direction == "bidir" else 1)
     benchmark.extra_info.update(dtype="float32", mode=mode, direction=direction, src=0, dst=1)
-    benchmark(transfer, mode, direction, buf, inbox, pg.rank, 0, 1, nbytes=moved, collective="p2p")
-    if pg.rank == 1 or direction == "bidir":
+    receives = pg.rank == 1 or direction == "bidir"
+    stamps = Stamps(sends=[buf] * (pg.rank == 0 or direction == "bidir"), receives=[inbox] * receives)
+    benchmark(
+        transfer, mode, direction, buf, inbox, pg.rank, 0, 1, nbytes=moved, collective="p2p", stamps=stamps
+    )
+    if receives:
         peer = 1 - pg.rank
-        assert_copied(inbox, pattern(nbytes, peer), f"{mode} {direction}: rank {peer} -> rank {pg.rank}")
+        sent = stamps.as_landed(pattern(nbytes, peer).view(torch.float32))
+        assert_copied(inbox, sent, f"{mode} {direction}: rank {peer} -> rank {pg.rank}")
 
 
 def own_and_inbox(pg, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,9 +180,14 @@ def checked_pair(pg, benchmark, pair: tuple[int, int], nbytes: int, matrix: str)
         dtype="float32", src=src, dst=dst, mode="send_recv", matrix=matrix, link=pg.link(src, dst),
         src_node=pg.node_of(src), dst_node=pg.node_of(dst),
     )  # fmt: skip
-    benchmark(transfer, "send_recv", "unidir", buf, inbox, pg.rank, src, dst, nbytes=nbytes, collective="p2p")
+    stamps = Stamps(sends=[buf] * (pg.rank == src), receives=[inbox] * (pg.rank == dst))
+    benchmark(
+        transfer, "send_recv", "unidir", buf, inbox, pg.rank, src, dst, nbytes=nbytes, collective="p2p",
+        stamps=stamps,
+    )  # fmt: skip
     if pg.rank == dst:
-        assert_copied(inbox, buf, f"rank {src} -> rank {dst}")
+        assert_copied(inbox, stamps.as_landed(pattern(nbytes, src, pg.device).view(torch.float32)),
+                      f"rank {src} -> rank {dst}")  # fmt: skip
 
 
 @pytest.mark.world_size("max")

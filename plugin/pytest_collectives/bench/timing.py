@@ -33,6 +33,9 @@ from typing import Any
 
 from pytest_collectives import devices
 from pytest_collectives.bench import shim as benchmark_shim
+from pytest_collectives.bench.stamps import Stamps
+
+Check = Callable[[], str | None] | None
 
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -163,19 +166,31 @@ class RankBenchmark:
         self.iterations = 1
 
     def __call__(
-        self, fn: Callable[..., Any], *args: Any, nbytes: int = 0, collective: str = "p2p", **kwargs: Any
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        nbytes: int = 0,
+        collective: str = "p2p",
+        stamps: Stamps | None = None,
+        **kwargs: Any,
     ) -> Any:
+        """``stamps``: each call's own bytes, every one checked after its round (bench.stamps)."""
         if self.samples is not None:
             raise RuntimeError("benchmark can be used once per test")
         self.extra_info.update(nbytes=nbytes, collective=collective)
+        call = functools.partial(fn, *args, **kwargs)
+        checked = stamps.check if stamps is not None else None
+        if stamps is not None:
+            call = stamps.wrap(call)
         if not self.spec.enabled:  # --benchmark-disable: run once, as a smoke test
             self.samples = []
-            return fn(*args, **kwargs)
-        call = functools.partial(fn, *args, **kwargs)
-        warm_up(call, self.device, self.spec.warmup_iterations, self.spec.max_time_s)
-        self.iterations, round_s = calibrate(call, self.device, self.spec.round_s)
+            result = call()
+            _agreed(checked, self.device)
+            return result
+        warm_up(call, self.device, self.spec.warmup_iterations, self.spec.max_time_s, checked)
+        self.iterations, round_s = calibrate(call, self.device, self.spec.round_s, checked)
         rounds = rounds_for(round_s, self.spec.min_rounds, self.spec.max_time_s)
-        times, result = measure(call, self.device, rounds, self.iterations)
+        times, result = measure(call, self.device, rounds, self.iterations, checked)
         self.samples = [t / self.iterations for t in times]
         return result
 
@@ -186,17 +201,21 @@ class RankBenchmark:
         return {"samples": self.samples, "iterations": self.iterations, "extra_info": self.extra_info}
 
 
-def warm_up(call: Callable[[], Any], device: Any, iterations: int, max_time_s: float) -> None:
+def warm_up(
+    call: Callable[[], Any], device: Any, iterations: int, max_time_s: float, checked: Check = None
+) -> None:
     """``iterations`` back-to-back calls in growing batches, or as many as fit in ``max_time_s`` (as
     pytest-benchmark bounds its warm-up by the time of the rounds)."""
     done, spent, batch = 0, 0.0, WARMUP_ITERATIONS
     while done < iterations and spent < max_time_s:
         step = min(batch, iterations - done)
-        (elapsed,), _ = measure(call, device, 1, step)
+        (elapsed,), _ = measure(call, device, 1, step, checked)
         done, spent, batch = done + step, spent + elapsed, 2 * batch
 
 
-def calibrate(call: Callable[[], Any], device: Any, round_s: float) -> tuple[int, float]:
+def calibrate(
+    call: Callable[[], Any], device: Any, round_s: float, checked: Check = None
+) -> tuple[int, float]:
     """The iterations per round that make a warm round last ``round_s``, and the time of such a round.
 
     The count grows until a round is long enough; it is kept once a second round of that size agrees with
@@ -205,7 +224,7 @@ def calibrate(call: Callable[[], Any], device: Any, round_s: float) -> tuple[int
     """
     iterations, previous = 1, None
     for _ in range(MAX_CALIBRATION_ROUNDS):
-        (elapsed,), _ = measure(call, device, 1, iterations)
+        (elapsed,), _ = measure(call, device, 1, iterations, checked)
         if elapsed < round_s and iterations < MAX_ITERATIONS:
             wanted = math.ceil(iterations * round_s / elapsed) if elapsed > 0 else 2 * iterations
             iterations, previous = min(MAX_ITERATIONS, max(2 * iterations, wanted)), None
@@ -216,12 +235,14 @@ def calibrate(call: Callable[[], Any], device: Any, round_s: float) -> tuple[int
     return iterations, elapsed
 
 
-def measure(fn: Callable[[], Any], device: Any, rounds: int, iterations: int = 1) -> tuple[list[float], Any]:
+def measure(
+    fn: Callable[[], Any], device: Any, rounds: int, iterations: int = 1, checked: Check = None
+) -> tuple[list[float], Any]:
     """Per-round times of ``iterations`` back-to-back calls of ``fn`` (maximum across ranks when a group is
     up) and its last result.
 
     A barrier opens each round so no rank starts early; the maxima are taken in one all-reduce at the end,
-    outside the timed rounds.
+    outside the timed rounds. ``checked`` runs after each round, outside its timer (Stamps.check).
     """
     import torch
     import torch.distributed as dist
@@ -238,10 +259,33 @@ def measure(fn: Callable[[], Any], device: Any, rounds: int, iterations: int = 1
         for _ in range(iterations):
             result = fn()
         times.append(timer.stop())
+        _agreed(checked, device)
     values = torch.tensor(times, dtype=torch.float64, device=device)
     if grouped:
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
     return values.cpu().tolist(), result
+
+
+def _agreed(checked: Check, device: Any) -> None:
+    """Run ``checked`` (a round's stamps) and end the benchmark on every rank where it found anything
+    wrong on any rank: a rank that raised alone would leave the others waiting in the next barrier."""
+    if checked is None:
+        return
+    import torch
+    import torch.distributed as dist
+
+    wrong = checked()
+    grouped = dist.is_initialized()
+    me = dist.get_rank() if grouped else 0
+    flag = torch.tensor([me + 1 if wrong is not None else 0], device=device)
+    if grouped:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if wrong is not None:
+        raise AssertionError(wrong)
+    if flag.item():
+        raise AssertionError(
+            f"rank {int(flag.item()) - 1}'s timed receives did not land (its failure says which)"
+        )
 
 
 class _CpuTimer:
