@@ -8,8 +8,10 @@ what that call's stamp gives there (``landed``: the stamp itself for a copy, n t
 ranks). Consecutive stamps differ, so a receive that did not land leaves the previous call's value and is
 named with its iteration. The rest of the payload is checked once, at the end, as before (``as_landed``).
 
-On the CPU a stamp is a write through a NumPy view, a few hundred nanoseconds a call; on a device it is a
-one-element fill and copy, two kernel launches a call, read back once a round.
+What it costs: on the CPU a stamp is a write and a read through NumPy views, 2.7 us a call with one send
+and one receive (measured on the 2-core CI machine, docs/measurements/performance-gate.md), where a 4 KiB gloo
+send/recv there takes hundreds of microseconds; on a device it is a one-element fill and copy, two kernel
+launches a call, read back once a round (not yet measured on a GPU).
 """
 
 from __future__ import annotations
