@@ -85,7 +85,8 @@ def test_cpu_report_skips_the_p2p_plot_and_says_so(cpu_report):
     page = cpu_report["report.html"].read_text()
     assert "No P2P bandwidth matrix in this run" in page
     assert "No benchmark was compared with a baseline" in page
-    assert report["checks"][0]["name"] == "links" and report["verdict"] == "PASS"
+    assert report["checks"][0]["name"] == "links" and report["verdict"] == "WARN"  # no link was judged
+    assert report["checks"][0]["status"] == "WARN"
 
 
 def test_html_is_self_contained(gpu_report, cpu_report):
@@ -338,7 +339,8 @@ def test_the_capability_matrix_is_a_check_in_every_output(tmp_path, failing):
     report = read_json(files)
     assert report["capabilities"] == data["capabilities"]  # the matrix itself, for a vendor to diff
     check = next(c for c in report["checks"] if c["name"] == "capability matrix")
-    assert check["status"] == ("FAIL" if failing else "PASS") and report["verdict"] == check["status"]
+    assert check["status"] == ("FAIL" if failing else "PASS")
+    assert report["verdict"] == ("FAIL" if failing else "WARN")  # a CPU run judges no link
     assert check["reason"].startswith("nccl (NCCL 2.27.3, torch 2.13.0) at world sizes 1, 2: 1 PASS")
     # the columns: PASS, FAIL, known bug, N/A, untested
     assert check["details"]["table"]["rows"] == [
@@ -507,3 +509,26 @@ def test_a_soak_s_failures_are_a_table_with_their_rate_and_replay_command(tmp_pa
     data["soak"]["failures"][0]["failed_passes"] = 0
     with pytest.raises(ReportError, match=r"soak\.failures\[0\]\.failed_passes"):
         write_report(tmp_path, data)
+
+
+@pytest.mark.parametrize(
+    "baseline, status, said",
+    [
+        ({"available": False, "path": None, "rows": []}, "WARN", "No benchmark baseline for this topology"),
+        ({"available": True, "path": "b.json", "rows": "insufficient"}, "WARN", "None of the 2 benchmarks"),
+        ({"available": False, "path": None, "rows": [], "error": "baseline error: no baseline for this "
+          "topology, so nothing can be judged"}, "FAIL", "The gate could judge nothing: baseline error"),
+    ],
+)  # fmt: skip
+def test_a_baseline_check_with_nothing_judged_never_reads_pass(tmp_path, baseline, status, said):
+    """A report once read PASS, "101 benchmarks compared with the baseline: none is slower beyond noise",
+    for a run whose gate judged nothing (a baseline of one run) and exited 1."""
+    if baseline["rows"] == "insufficient":
+        row = {"baseline_median_s": 0.01, "now_median_s": 0.01, "ratio": 1.0, "verdict": "insufficient data"}
+        baseline["rows"] = [{"benchmark": f"test_x[{i}]", **row} for i in range(2)]
+    data = cpu_data()
+    data["baseline"] = baseline
+    report = read_json(write_report(tmp_path, data))
+    check = next(c for c in report["checks"] if c["name"] == "benchmark baseline")
+    assert check["status"] == status and check["reason"].startswith(said), check
+    assert report["verdict"] != "PASS"

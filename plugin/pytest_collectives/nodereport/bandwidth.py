@@ -27,6 +27,7 @@ from pytest_collectives.nodereport.checks import (
     DEFAULT_WARN,
     FAIL,
     PASS,
+    WARN,
     Check,
     NodeCheckError,
     check_levels,
@@ -168,7 +169,7 @@ def judge_node(
             )
         ]
     if node.n < 2:
-        return [*checks, Check("links", PASS, "There is only one GPU, so there are no links to judge.")]
+        return [*checks, Check("links", WARN, "There is only one GPU, so no link was judged.")]
     devices = device_outliers(matrix, classes, threshold, warn=warn, labels=node.labels)
     exclude = {c.details["device"] for c in devices}
     links = link_outliers(matrix, classes, threshold, warn=warn, labels=node.labels, exclude_devices=exclude)

@@ -218,6 +218,7 @@ class NodeReport:
             "collectives": collective_rows(results),
             "baseline": {
                 "available": gate_plugin.baseline_path is not None,
+                "error": gate_plugin.error or None,
                 "path": str(gate_plugin.baseline_path) if gate_plugin.baseline_path else None,
                 "regression_threshold": 1 + gate_plugin.settings.min_effect / 2,
                 "rows": [

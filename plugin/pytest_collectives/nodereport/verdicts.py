@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_collectives.gate.statistics import REGRESSION
+from pytest_collectives.gate.statistics import INSUFFICIENT_DATA, REGRESSION
 from pytest_collectives.nodereport import preflight
 from pytest_collectives.nodereport.bandwidth import judge_node
 from pytest_collectives.nodereport.checks import FAIL, PASS, STATUSES, TABLE, WARN, Check, NodeCheckError
@@ -53,7 +53,10 @@ def _link_checks(p2p: Mapping[str, Any] | None) -> list[Check]:
     if not has_pairs(p2p):
         return [
             Check(
-                "links", PASS, "No GPU-to-GPU bandwidth was measured (CPU run or one GPU): no links to judge."
+                "links",
+                WARN,
+                "No GPU-to-GPU bandwidth was measured (CPU run or one GPU): no link was judged, so none is "
+                "known to be healthy.",
             )
         ]
     try:
@@ -331,10 +334,12 @@ def _capability_check(matrix: Mapping[str, Any]) -> Check:
 
 def _benchmark_check(baseline: Mapping[str, Any]) -> Check:
     rows = baseline["rows"]
+    if baseline.get("error"):
+        return Check("benchmark baseline", FAIL, f"The gate could judge nothing: {baseline['error']}.")
     if not baseline["available"]:
         return Check(
             "benchmark baseline",
-            PASS,
+            WARN,
             "No benchmark baseline for this topology, so no speed was compared: record one from a known-good "
             "run.",
             {"available": False},
@@ -357,9 +362,19 @@ def _benchmark_check(baseline: Mapping[str, Any]) -> Check:
             f"recorded.",
             details,
         )
+    judged = [r for r in rows if r["verdict"] != INSUFFICIENT_DATA]
+    if not judged:
+        return Check(
+            "benchmark baseline",
+            WARN,
+            f"None of the {len(rows)} benchmarks could be judged against the baseline{where} (too few runs "
+            f"or rounds): no speed is known to be healthy.",
+            details,
+        )
     return Check(
         "benchmark baseline",
         PASS,
-        f"{len(rows)} benchmarks compared with the baseline{where}: none is slower beyond noise.",
+        f"{len(judged)} of {len(rows)} benchmarks judged against the baseline{where}: none is slower beyond "
+        f"noise.",
         details,
     )
