@@ -219,3 +219,23 @@ def test_world_sizes_limit_an_entry_to_the_tests_at_those_sizes():
     one, eight = Item("t.py::test_p[ws1-float32]"), Item("t.py::test_p[ws8-float32]")
     assert bug.matches(one, "nccl")
     assert not bug.matches(eight, "nccl") and not bug.matches(one, "gloo")
+
+
+def test_a_backend_built_on_gloo_inherits_its_known_bugs_and_records_its_own_version():
+    """A vendor's backend that hands its calls to gloo failed gloo's own known bugs on its first run, and
+    the matrix called it "bundled with torch". One line of its module, declare(built_on=, version=), now
+    carries gloo's refusal words and known bugs over, and names the backend's own version."""
+    from pytest_collectives.backends import declare, refused_in
+    from pytest_collectives.conformance.matrix import backend_version
+
+    bug = KnownBug(("gloo",), "test_p", "AssertionError", "wrong", "gloo drops it", "bugs.json")
+    item = Item("t.py::test_p[ws2-float32]")
+    assert not bug.matches(item, "acme_on_gloo")
+    assert backend_version("acme_on_gloo") == "version not declared"  # never "bundled with torch"
+    declare("acme_on_gloo", built_on="gloo", version="acme 1.4.2")
+    assert bug.matches(item, "acme_on_gloo") and not bug.matches(item, "acme_elsewhere")
+    assert refused_in("RuntimeError: Invalid scalar type", "acme_on_gloo")  # gloo's words, inherited
+    assert backend_version("acme_on_gloo") == "acme 1.4.2"
+    assert backend_version("gloo").startswith("bundled with torch")
+    declare("acme_plain")
+    assert backend_version("acme_plain") == "version not declared"

@@ -39,7 +39,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
         for n in ("Values", "assert_reduced_close", "rank_input", "real_dtype", "reduce_op")
     },
     # a backend's declarations (its backend module)
-    **{n: ("backends", n) for n in ("clean_after_a_raise", "keeps_state_after_a_raise")},
+    **{n: ("backends", n) for n in ("clean_after_a_raise", "declare", "keeps_state_after_a_raise")},
     "refuses": ("backends", "refuses"),
     "backend_env_preset": ("execution.configurations", "backend_env_preset"),
     # conformance: what the backend supports, the cases drawn, the properties checked

@@ -83,6 +83,39 @@ def refuses(backend: str, *patterns: str, like: str | None = None) -> None:
     known.extend(p for p in patterns if p not in known)
 
 
+# What a backend module declared of its backend (declare): the backend it hands its calls to, its version.
+_BUILT_ON: dict[str, str] = {}
+_VERSIONS: dict[str, str] = {}
+# The backends torch itself ships: their version is torch's (NCCL's own is read from torch.cuda).
+BUNDLED = frozenset({"gloo", "nccl", "mpi", "ucc", "xccl"})
+
+
+def declare(backend: str, *, built_on: str | None = None, version: str | None = None) -> None:
+    """Declare, in one line of a backend's module, what ``backend`` is: ``built_on`` the backend it hands
+    its calls to (gloo, nccl), whose refusal words and known bugs it then inherits (its own manifest may
+    add entries); ``version`` what the capability matrix and its JSON record for it (a driver's version,
+    the field a vendor diffs)."""
+    if built_on:
+        if built_on == backend:
+            raise ValueError(f"declare({backend!r}): a backend is not built on itself")
+        _BUILT_ON[backend] = built_on
+        refuses(backend, like=built_on)
+    if version:
+        _VERSIONS[backend] = version
+
+
+def lineage(backend: str) -> tuple[str, ...]:
+    """``backend`` and each backend it is built on, itself first: whose known bugs it holds."""
+    names = [backend]
+    while names[-1] in _BUILT_ON and _BUILT_ON[names[-1]] not in names:
+        names.append(_BUILT_ON[names[-1]])
+    return tuple(names)
+
+
+def declared_version(backend: str) -> str | None:
+    return _VERSIONS.get(backend)
+
+
 def _names(backend: str) -> list[str]:
     """The backends' names in a backend spec: "gloo", or "cpu:gloo,cuda:nccl"."""
     return [part.split(":")[-1].lower() for part in backend.split(",")]

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_collectives.backends import lineage
 from pytest_collectives.errors import OneLineError
 from pytest_collectives.execution import examples
 from pytest_collectives.execution.configurations import of_item, plain_id
@@ -75,6 +76,10 @@ class KnownBug:
     cells: tuple[Cell, ...] = ()  # patterns of cells withheld from every other test's draws
     world_sizes: tuple[int, ...] = ()  # where the entry holds; all when empty
 
+    def holds_for(self, backend: str) -> bool:
+        """Whether the entry holds on ``backend``: listed for it, or for a backend it is built on."""
+        return any(name in self.backends for name in lineage(backend))
+
     def holds_at(self, world_size: int | None) -> bool:
         return not self.world_sizes or world_size in self.world_sizes
 
@@ -85,7 +90,7 @@ class KnownBug:
 
     def matches(self, item: pytest.Item, backend: str) -> bool:
         callspec = getattr(item, "callspec", None)
-        if backend not in self.backends or not self.holds_at(callspec and callspec.params.get("world_size")):
+        if not self.holds_for(backend) or not self.holds_at(callspec and callspec.params.get("world_size")):
             return False
         if "::" in self.test:
             # an entry holds in every configuration of --backend-env: it names the test as a plain run does
@@ -147,7 +152,9 @@ def mark(config: pytest.Config, items: Iterable[pytest.Item], backend: str, bugs
     for item in items:
         for bug in bugs:
             if bug.matches(item, backend):
-                reason = f"known {backend} bug ({bug.source}): {bug.reason}"
+                owner = next(name for name in lineage(backend) if name in bug.backends)
+                inherited = "" if owner == backend else f", which {backend} is built on"
+                reason = f"known {owner} bug{inherited} ({bug.source}): {bug.reason}"
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
                 item.stash.setdefault(_BUGS, []).append(bug)
                 held = item.stash.get(EXPECTED_FAILURES, ())
@@ -159,7 +166,7 @@ def withheld(config: pytest.Config, backend: str, world_size: int) -> dict[Cell,
     each with its bug's reason."""
     found: dict[Cell, str] = {}
     for bug in config.stash.get(_LOADED, []):
-        if backend in bug.backends and bug.holds_at(world_size):
+        if bug.holds_for(backend) and bug.holds_at(world_size):
             found.update((cell, bug.reason) for cell in bug.cells if cell not in found)
     return found
 
