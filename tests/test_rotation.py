@@ -133,3 +133,17 @@ def test_a_whole_runs_1_mi_cells_are_counted_not_named() -> None:
         f"of the {many + 1} cells that passed, at 1 Mi elements: {many} cells ('largest' in "
         "--capability-json); at 64 Ki: 0 more; the other 1 at up to 97 elements only"
     )
+
+
+def test_a_replay_of_one_world_size_turns_where_the_run_did() -> None:
+    """A soak's replay selects one test at one world size; the turn once counted the world size's place
+    among those selected, so a failure found at 3 ranks in a run at 2,3 replayed elsewhere (and passed)."""
+    with running(11, 3):
+        in_the_run = rotation.turn()
+        token = session._SIZES.set((3,))  # the replay: this world size alone selected
+        try:
+            assert rotation.turn() == in_the_run
+        finally:
+            session._SIZES.reset(token)
+    with running(11, 2):  # each world size of a run stands one turn further
+        assert rotation.turn() == in_the_run - 1

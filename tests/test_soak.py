@@ -51,7 +51,7 @@ def test_the_times_and_the_replay_command_read_plainly() -> None:
     command = replay("t.py::test_x[ws2-ACME_PROTO=LL128]", 7, settings, configuration, 2)
     assert shlex.split(command) == [
         "pytest", "t.py::test_x[ws2-ACME_PROTO=LL128]", "--hypothesis-seed=7", "--backend-module",
-        "acme_backend", "--backend", "acme", "--world-sizes", "2", "--backend-env", "ACME_PROTO=LL128",
+        "acme_backend", "--backend", "acme", "--world-sizes", "2,3,4", "--backend-env", "ACME_PROTO=LL128",
     ]  # fmt: skip
 
 

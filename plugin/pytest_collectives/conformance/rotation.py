@@ -14,7 +14,7 @@ import zlib
 
 import pytest
 
-from pytest_collectives.execution.session import item_parameter, item_world_sizes
+from pytest_collectives.execution.session import item_parameter
 
 _RUN = pytest.StashKey[int]()
 _current = 0
@@ -44,7 +44,6 @@ def use(turn: int) -> None:
 
 
 def turn() -> int:
-    """The running test's turn: the run's, plus its world size's place among the sizes it runs at."""
-    sizes = sorted(item_world_sizes())
-    here = item_parameter("world_size")
-    return _current + (sizes.index(here) if here in sizes else 0)
+    """The running test's turn: the run's, plus its world size. Not its place among the sizes selected: a
+    replay that selects one test at one world size must turn where the run did."""
+    return _current + item_parameter("world_size")

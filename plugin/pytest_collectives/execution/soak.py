@@ -58,7 +58,9 @@ def replay(
     configuration: configurations.Configuration,
     world_size: int | None,
 ) -> str:
-    """The command that runs ``nodeid`` again with ``seed``, in the session's backend and configuration."""
+    """The command that runs ``nodeid`` again with ``seed``, in the session's backend and configuration, at
+    the session's world sizes (where they hold ``world_size``: the node id names its size, and a test drawn
+    at one of several sizes draws as it did)."""
     args = ["pytest", nodeid, f"--hypothesis-seed={seed}"]
     if settings.gpus:
         args += ["--gpus", str(settings.gpus)]
@@ -66,7 +68,8 @@ def replay(
         args += ["--backend-module", ",".join(settings.backend_modules)]
     args += ["--backend", settings.backend]
     if world_size:
-        args += ["--world-sizes", str(world_size)]
+        sizes = sorted({*settings.world_sizes, world_size})
+        args += ["--world-sizes", ",".join(map(str, sizes))]
     for name, value in configuration.env:
         args += ["--backend-env", f"{name}={value}"]
     return shlex.join(args)
