@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,18 @@ def test_two_workers_give_the_capability_matrix_and_counts_of_a_plain_run(tmp_pa
 
     assert examples(parallel.stdout) == examples(serial.stdout)
     assert "capability matrix" in parallel.stdout and "2 xdist workers (gw0: " in parallel.stdout
+    # one turn of the rotating tiers for the run, the controller's, printed once: the workers drew the
+    # largest size of each cell a serial run at that seed draws
+    (turn,) = re.findall(r"turned at (\d+)", parallel.stdout)
+    seeded = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, f"--hypothesis-seed={turn}", "--capability-json",
+         "seeded.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert seeded.returncode == 0, seeded.stdout[-2000:]
+
+    def largest(name: str) -> dict[tuple[str, str, str], int]:
+        doc = json.loads((tmp_path / name).read_text())
+        return {(c["operation"], c["dtype"], c["reduce_op"]): c.get("largest", 0) for c in doc["cells"]}
+
+    assert largest("xdist.json") == largest("seeded.json")

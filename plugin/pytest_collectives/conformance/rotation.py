@@ -17,6 +17,7 @@ import pytest
 from pytest_collectives.execution.session import item_parameter
 
 _RUN = pytest.StashKey[int]()
+WORKER_INPUT = "collectives_turn"  # an xdist worker's turn, handed over by its controller
 _current = 0
 
 
@@ -24,7 +25,10 @@ def of_run(config: pytest.Config) -> int:
     """The run's turn: its ``--hypothesis-seed`` (a soak sets one per pass), else a random one fixed at the
     first conformance test."""
     seed = config.getoption("hypothesis_seed", None)
-    if seed is not None:  # hypothesis takes any string for a seed; a number stands for itself
+    handed = getattr(config, "workerinput", {}).get(WORKER_INPUT)
+    if handed is not None and seed is None:
+        config.stash[_RUN] = handed
+    elif seed is not None:  # hypothesis takes any string for a seed; a number stands for itself
         text = str(seed)
         config.stash[_RUN] = int(text) if text.isdigit() else zlib.crc32(text.encode())
     elif _RUN not in config.stash:

@@ -86,6 +86,13 @@ class XdistController:
         (conformance.matrix.CapabilityMatrix) merges each worker's."""
         self.session, self.matrix = session, matrix
 
+    def pytest_configure_node(self, node: Any) -> None:
+        """One turn of the sweeps' rotation for the whole run, the controller's (printed once, in its
+        summary): each worker drawing its own would turn the tiers differently on each, and say none."""
+        from pytest_collectives.conformance import rotation
+
+        node.workerinput[rotation.WORKER_INPUT] = rotation.of_run(self.session.config)
+
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         output = getattr(node, "workeroutput", {})
         session = self.session
