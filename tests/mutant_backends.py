@@ -82,6 +82,17 @@ class StorageOffsetIgnored(ReferenceBackend):
         return super().broadcast([t.as_strided(t.shape, t.stride(), 0)], opts)
 
 
+class ReceivedAtTheStorageStart(ReferenceBackend):
+    """recv into a view at a storage offset (a slice of a flat buffer, as the registered algorithms pass)
+    lands the data at the storage's start."""
+
+    name = "mutant_received_at_the_storage_start"
+
+    def recv(self, tensors: list[Any], src: int, tag: int) -> dist.Work:
+        t = tensors[0]
+        return super().recv([t.as_strided(t.shape, t.stride(), 0)], src, tag)
+
+
 class UnwrittenOnRankOne(ReferenceBackend):
     """all_gather leaves the last element of rank 1's output unwritten, on rank 1 only."""
 
@@ -593,6 +604,28 @@ class TransfersDropped(ReferenceBackend):
         return super().allreduce(tensors, opts)
 
 
+class LargeObjectsTruncated(ReferenceBackend):
+    """all_gather and broadcast of a byte tensor past 64 KiB (a pickled object's data) zero its last
+    byte: a large-message path that small objects never take."""
+
+    name = "mutant_large_objects_truncated"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        work = super().allgather(outputs, inputs, opts)
+        work.wait()
+        for part in outputs[0]:
+            if part.dtype == torch.uint8 and part.numel() > 1 << 16:
+                part.view(-1)[-1] = 0
+        return work
+
+    def broadcast(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        work = super().broadcast(tensors, opts)
+        work.wait()
+        if tensors[0].dtype == torch.uint8 and tensors[0].numel() > 1 << 16:
+            tensors[0].view(-1)[-1] = 0
+        return work
+
+
 class WrongAfterWear(ReferenceBackend):
     """float32 all_reduce turns wrong (its first element off by one) once the rank has made ACME_WEAR_CALLS
     of them: a node that fails only after a while under load (thermal, a link degrading). A short run
@@ -658,6 +691,7 @@ MUTANTS = [
     BroadcastFromRankZero,
     Bf16TailUnreduced,
     StorageOffsetIgnored,
+    ReceivedAtTheStorageStart,
     UnwrittenOnRankOne,
     CoalescedSumsUnderAnyOp,
     CoalescedInt32RefusedFloat64Wrong,
@@ -671,6 +705,7 @@ MUTANTS = [
     NanDroppedInMinMax,
     WrongUnderOneProtocol,
     TransfersDropped,
+    LargeObjectsTruncated,
     FaultsAtStartUnderOneProtocol,
     RejectsOneProtocol,
     FaultsAtFirstStart,

@@ -9,6 +9,8 @@ plugin reports any rank's failure: nothing is judged on rank 0 alone.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -228,7 +230,17 @@ def test_scatter(pg, case):
     assert_moved(output, parts[me], f"scatter from group rank {root} on group rank {me}")
 
 
-PAYLOADS = st.recursive(st.none() | st.integers() | st.text(max_size=20), st.lists, max_leaves=8)
+def blob(size: int, salt: int) -> bytes:
+    """``size`` bytes that differ with ``salt``: a pickle that takes a backend's large-message path."""
+    return random.Random(salt).randbytes(size)
+
+
+# Small nested objects, and blobs from empty to several MiB: a pickle past a backend's small-message
+# buffer (1 KiB, 64 KiB) takes another path, which small objects never reached.
+BLOB_SIZES = (0, 1, 1023, 1025, 65535, 65537, (1 << 20) + 3, 5 << 20)
+PAYLOADS = st.recursive(st.none() | st.integers() | st.text(max_size=20), st.lists, max_leaves=8) | st.builds(
+    blob, st.sampled_from(BLOB_SIZES), st.integers(0, 1 << 16)
+)
 
 
 @pytest.mark.world_size()

@@ -276,12 +276,19 @@ def group_of(pg, members: frozenset[int] | None) -> tuple[object | None, list[in
 def laid_out(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.Tensor:
     """The same values in the drawn layout: contiguous, every other element of a buffer twice the size
     (strided), or a contiguous view one element into its storage (offset)."""
-    if layout == "contiguous":
-        return tensor.clone().to(device)
-    buffer = torch.empty(tensor.numel() * 2 + 1, dtype=tensor.dtype, device=device)
-    view = buffer[1 : 1 + tensor.numel()] if layout == "offset" else buffer[: tensor.numel() * 2 : 2]
-    view.copy_(tensor)
-    return view.view(tensor.shape) if layout == "offset" else view
+    buffer = torch.empty(
+        tensor.numel() * (1 if layout == "contiguous" else 2) + 1, dtype=tensor.dtype, device=device
+    )
+    view = {
+        "contiguous": buffer[: tensor.numel()],
+        "offset": buffer[1 : 1 + tensor.numel()],
+        "strided": buffer[: tensor.numel() * 2 : 2],
+    }[layout]
+    if tensor.dtype == torch.bool:  # byte for byte: a bool copy would make the sentinel's 0xFF a 1
+        view.view(torch.uint8).copy_(tensor.reshape(-1).view(torch.uint8))
+    else:
+        view.copy_(tensor.reshape(-1))
+    return view if layout == "strided" else view.view(tensor.shape)
 
 
 def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
