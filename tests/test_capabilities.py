@@ -260,6 +260,13 @@ MUTANTS = [
     ),
     ("mutant_storage_offset_ignored", "test_operations.py", "test_broadcast", "*broadcast from group rank*"),
     ("mutant_unwritten_on_rank_1", "test_operations.py", "test_all_gather_list", "*never written*"),
+    # a receive into a view at a storage offset fails the backend's own send_recv row, not only the algorithms
+    (
+        "mutant_received_at_the_storage_start",
+        "test_point_to_point.py",
+        "test_receiver_sees_exactly_what_was_sent",
+        "*receiving * from rank *elements wrong*",
+    ),
     ("mutant_coalesced_sums_under_any_op", "test_operations.py", "coalesced", "*over * ranks of*"),
     # right one call at a time: only all_reduces of one shape in flight at once see it
     ("mutant_shared_staging_buffer", "test_all_reduce.py", "in_flight", "*all_reduce ? of ? in flight*"),
@@ -753,3 +760,14 @@ def test_a_refused_example_never_hides_the_others(pytester: pytest.Pytester, see
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*over 3 ranks of torch.float64: * elements differ*"])
+
+
+@python_backends
+def test_a_backend_wrong_on_large_objects_fails_the_object_collectives(pytester: pytest.Pytester) -> None:
+    """Objects drawn to several MiB: a backend whose byte tensors past 64 KiB lose their last byte (the
+    pickle's) fails, where objects of a few hundred bytes passed every test."""
+    result = run_on_backend(
+        pytester, "mutant_large_objects_truncated", "test_operations.py", "-k", "test_object_collectives"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*UnpicklingError*"])
