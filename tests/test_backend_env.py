@@ -152,66 +152,6 @@ def test_a_setting_the_backend_rejects_is_n_a_with_its_words(pytester: pytest.Py
     assert "collectives: 4 worker group(s) started" in out
 
 
-@python_backends
-@pytest.mark.parametrize(
-    "backend, settings",
-    [
-        ("mutant_faults_at_start_under_ll128", "ACME_PROTO=LL,LL128"),
-        ("mutant_faults_at_start_under_ll128", "ACME_PROTO=LL128"),
-        ("mutant_rejects_ll128", "ACME_PROTO=LL,LL128"),
-    ],
-)
-def test_a_group_start_under_a_setting_is_n_a_only_in_the_backends_declared_words(
-    pytester: pytest.Pytester, backend: str, settings: str
-) -> None:
-    """A raise as the group starts under a setting was N/A whatever it said: a CUDA error in transport
-    setup read "21 passed, 90 skipped", exit 0, and the node report PASS. Now the backend's declared
-    words reject a setting (N/A, and the setting untested: the run fails); any other words fail its tests,
-    naming the setting and quoting them; either way the node report's settings check fails."""
-    copy_conformance(pytester.path, ("test_all_reduce.py",))
-    result = pytester.runpytest(
-        "--backend-module", "mutant_backends", "--backend", backend, "--world-sizes", "2",
-        "-k", "exact_reference and -all_reduce]", "--backend-env", settings, "--node-report", "report",
-        "-p", "no:cacheprovider",
-    )  # fmt: skip
-    out = result.stdout.str()
-    assert result.ret == 1, out[-3000:]
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("passed", 0) == settings.count(",")  # LL's test, where it is asked for
-    if backend == "mutant_rejects_ll128":
-        assert outcomes["skipped"] == 1 and "errors" not in outcomes, out[-3000:]
-        assert "untested with ACME_PROTO=LL128: none of its tests ran (mutant_rejects_ll128 rejected" in out
-    else:
-        assert outcomes["errors"] == 1, out[-3000:]  # the probe, in the test's set-up
-        assert "the group failed to start 2 of 2 times with ACME_PROTO=LL128" in out
-        assert "illegal memory access) in transport setup" in out
-    report = json.loads((pytester.path / "report" / "report.json").read_text())
-    check = next(c for c in report["checks"] if c["name"] == "backend settings")
-    assert check["status"] == "FAIL", check
-    assert report["verdict"] == "FAIL"
-
-
-@python_backends
-def test_a_group_that_fails_to_start_once_is_tried_again_and_still_fails_its_test(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The session's first group start fails on rank 0 (a port taken, a link retraining), the second
-    works: the test that met it fails ("1 of 2 times"), the group is kept, the next test passes on it."""
-    monkeypatch.setenv("ACME_START_FAULT_FILE", str(pytester.path / "faulted"))
-    copy_conformance(pytester.path, ("test_all_reduce.py",))
-    result = pytester.runpytest(
-        "--backend-module", "mutant_backends", "--backend", "mutant_faults_at_first_start",
-        "--world-sizes", "2", "-k", "exact_reference and (-all_reduce] or -ring_all_reduce])",
-        "-p", "no:cacheprovider",
-    )  # fmt: skip
-    out = result.stdout.str()
-    assert result.ret == 1, out[-3000:]
-    result.assert_outcomes(passed=1, errors=1)
-    assert "the group failed to start 1 of 2 times (the second start worked: it is kept)" in out
-    assert "transport setup: link retraining, no route to rank 1" in out
-    assert "collectives: 2 worker group(s) started" in out
-
-
 def test_a_known_bug_names_a_test_as_a_plain_run_does() -> None:
     """Its configuration's id taken out of an id, wherever the test's own parameters put it."""
     assert (

@@ -75,9 +75,10 @@ def reduces(operation: str) -> bool:
     """Whether ``operation`` (a backend call, or a registered algorithm's name) takes a reduce op: only
     those have a cell per reduce op; one that moves data has one per dtype."""
     try:
-        return registry.get(operation).operation in caps.REDUCTIONS
+        algorithm = registry.get(operation)
     except LookupError:
         return operation in caps.REDUCTIONS
+    return algorithm.operation in caps.REDUCTIONS or algorithm.ops is not None  # ops: the ones it takes
 
 
 def supported_cells(

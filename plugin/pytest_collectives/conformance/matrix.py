@@ -89,6 +89,10 @@ class CapabilityMatrix:
     def pytest_collectives_configuration_rejected(self, configuration: str, words: str) -> None:
         self.rejected[configuration] = words
 
+    def worker_input(self) -> dict[str, int]:
+        """What an xdist controller hands each worker: the run's one turn of the sweeps' rotation."""
+        return {rotation.WORKER_INPUT: rotation.of_run(self.config)}
+
     def configurations(self) -> list[str]:
         """The configurations that ran (probed, or rejected), in the order they first did."""
         seen = [c for c, _ in self.probes] + list(self.rejected)

@@ -18,10 +18,11 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import torch
 import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
 import torch.distributed as dist
 
-from pytest_collectives.backends import refuses
+from pytest_collectives.backends import declare, refuses
 
 __all__ = ["NcclRulesBackend", "ReferenceBackend", "register"]
 
@@ -104,6 +105,7 @@ def register(*backends: type[ReferenceBackend]) -> None:
     what it refuses: gloo's words and its own."""
     for backend in backends:
         refuses(backend.name, *backend.refusals, like="gloo")
+        declare(backend.name, version=f"the reference backend, gloo of torch {torch.__version__}")
         if backend.name.upper() not in dist.Backend._plugins:
             dist.Backend.register_backend(backend.name, backend, devices=["cpu"])
 

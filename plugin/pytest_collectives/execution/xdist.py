@@ -89,9 +89,7 @@ class XdistController:
     def pytest_configure_node(self, node: Any) -> None:
         """One turn of the sweeps' rotation for the whole run, the controller's (printed once, in its
         summary): each worker drawing its own would turn the tiers differently on each, and say none."""
-        from pytest_collectives.conformance import rotation
-
-        node.workerinput[rotation.WORKER_INPUT] = rotation.of_run(self.session.config)
+        node.workerinput.update(self.matrix.worker_input())
 
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         output = getattr(node, "workeroutput", {})

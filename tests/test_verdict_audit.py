@@ -1,0 +1,93 @@
+"""The verdict audit: planted backends by the modes a run can take, each row with the verdict it must give.
+
+Every path to a verdict (a group start under a setting, a refused example, a timed transfer, the soak,
+xdist, the node report) once had its own rule, and a broken backend passed through some of them. Each row
+here is one of those findings (issue 54), run as a user types it, in a session of its own; each failed
+before its fix. The last rows are the controls: the clean reference backend passes every mode.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import SUITES, copy_conformance, torch_below
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13"),
+]
+
+TESTS = Path(__file__).resolve().parent
+ALL_REDUCE = ["test_all_reduce.py", "-k", "exact_reference and -all_reduce]"]
+SWEEP = ["--backend-env", "ACME_PROTO=LL,LL128"]
+P2P = ["test_p2p.py", "-k", "send_bandwidth and send_recv-unidir", "--max-bytes", "4K", "--world-sizes", "2"]
+# every kind of timed transfer: P2P, all-pairs, overlap and a collective, each call's receive checked
+TIMED = [
+    "test_p2p.py", "test_overlap.py", "test_collectives.py", "--max-bytes", "4K", "--world-sizes", "2",
+    "--benchmark-min-rounds", "120", "--benchmark-max-time", "0", "-k",
+    "(send_bandwidth and send_recv-unidir) or pair_bandwidth or two_transfers"
+    " or (matmul_with_transfer and send) or (test_all_reduce and -all_reduce])",
+]
+
+# (row, backend, arguments, environment, exit status, a line the output must hold)
+ROWS = [
+    ("a fault at group start under one setting", "mutant_faults_at_start_under_ll128", [*ALL_REDUCE, *SWEEP],
+     {}, 1, "*the group failed to start 2 of 2 times with ACME_PROTO=LL128*"),
+    ("... in the soak", "mutant_faults_at_start_under_ll128", [*ALL_REDUCE, *SWEEP, "--soak", "2s"],
+     {}, 1, "*failed in * of * passes*"),
+    ("... in the node report", "mutant_faults_at_start_under_ll128",
+     [*ALL_REDUCE, *SWEEP, "--node-report", "report"], {}, 1, "node report: *report.html"),
+    ("a setting rejected in the backend's words is untested", "mutant_rejects_ll128", [*ALL_REDUCE, *SWEEP],
+     {}, 1, "untested with ACME_PROTO=LL128: none of its tests ran*"),
+    ("a fault at the first group start only, in the soak", "mutant_faults_at_first_start",
+     [*ALL_REDUCE, "--soak", "2s"], {"ACME_START_FAULT_FILE": "{tmp}/faulted"}, 1,
+     "*failed to start 1 of 2 times*"),
+    ("... under xdist", "mutant_faults_at_first_start", [*ALL_REDUCE, "-n", "2"],
+     {"ACME_START_FAULT_FILE": "{tmp}/faulted"}, 1, "*failed to start 1 of 2 times*"),
+    ("a refused example hides no other", "mutant_coalesced_int32_refused_float64_wrong",
+     ["test_operations.py", "-k", "coalesced", "--hypothesis-seed", "1"], {}, 1,
+     "*over 3 ranks of torch.float64*"),
+    ("timed receives that land once", "mutant_transfers_dropped", TIMED, {"ACME_DROP": "after-first"}, 1,
+     "*6 failed*"),
+    ("timed receives that drop one in a hundred", "mutant_transfers_dropped", TIMED,
+     {"ACME_DROP": "1-in-100"}, 1, "*6 failed*"),
+    ("... with --baseline-save: nothing saved", "mutant_transfers_dropped", [*P2P, "--baseline-save"],
+     {"ACME_DROP": "after-first"}, 1, "*timed receives of a round did not land as sent*"),
+    ("a receive that ignores a view's offset", "mutant_received_at_the_storage_start",
+     ["test_point_to_point.py", "-k", "test_receiver_sees_exactly_what_was_sent and not large"], {}, 1,
+     "*receiving * from rank *elements wrong*"),
+    ("control: the clean reference backend, swept", "refgloo", [*ALL_REDUCE, *SWEEP], {}, 0, "*2 passed*"),
+    ("control: ... in the soak", "refgloo", [*ALL_REDUCE, "--soak", "2s"], {}, 0,
+     "*no test failed in any pass*"),
+    ("control: ... its timed transfers", "refgloo", TIMED, {}, 0, "*6 passed*"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "backend, args, env, status, line", [row[1:] for row in ROWS], ids=[row[0] for row in ROWS]
+)
+def test_each_planted_bug_gets_its_verdict_in_each_mode(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, backend, args, env, status, line
+) -> None:
+    copy_conformance(pytester.path, ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py"))
+    for path in (SUITES / "perf").glob("*.py"):
+        (pytester.path / path.name).write_text(path.read_text())
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    monkeypatch.setenv("ACME_PROTO", "")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(tmp=pytester.path))
+    where = ["--backend-module", "mutant_backends", "--backend", backend]
+    result = pytester.runpytest_subprocess(
+        *args, *where, *(["--world-sizes", "3"] if "--world-sizes" not in args else []),
+        "--dist-timeout", "60", "-p", "no:cacheprovider", timeout=600,
+    )  # fmt: skip
+    out = result.stdout.str()
+    assert result.ret == status, out[-4000:]
+    result.stdout.fnmatch_lines([line])
+    if "--baseline-save" in args and status:  # a run that failed is never stored as a baseline
+        assert not list(pytester.path.glob("baselines/**/*.json")), out[-2000:]
+    report = pytester.path / "report" / "report.json"
+    if report.exists():  # a node report never reads PASS for a run that failed
+        assert json.loads(report.read_text())["verdict"] == ("FAIL" if status else "PASS"), out[-2000:]
