@@ -116,7 +116,7 @@ def declared_version(backend: str) -> str | None:
     return _VERSIONS.get(backend)
 
 
-def _names(backend: str) -> list[str]:
+def backend_names(backend: str) -> list[str]:
     """The backends' names in a backend spec: "gloo", or "cpu:gloo,cuda:nccl"."""
     return [part.split(":")[-1].lower() for part in backend.split(",")]
 
@@ -128,7 +128,7 @@ def resembles(failure: str, backend: str) -> tuple[str, str] | None:
     """Where ``backend`` declares no refusal words, an error line of ``failure`` (a report's text) that is
     another backend's refusal, as (that backend, the line): the failure stands (N/A only in a backend's
     own words), but a vendor who forgot ``refuses(backend, like=...)`` is told so."""
-    if any(name in _REFUSALS for name in _names(backend)):
+    if any(name in _REFUSALS for name in backend_names(backend)):
         return None
     for line in (m.group(1).strip() for m in _ERROR_LINE.finditer(failure)):
         for other, patterns in _REFUSALS.items():
@@ -152,7 +152,7 @@ def refused_in(line: str, backend: str) -> str | None:
 def declared_refusal(text: str, backend: str, not_implemented: bool) -> str | None:
     """``text`` (an error's first line) where it is N/A by the one rule: an error that says it is not
     implemented, or one of the backend's declared words (refuses()); else None, a failure."""
-    patterns = [p for name in ("*", *_names(backend)) for p in _REFUSALS.get(name, ())]
+    patterns = [p for name in ("*", *backend_names(backend)) for p in _REFUSALS.get(name, ())]
     if not_implemented or any(re.fullmatch(p, text) for p in patterns):
         return text[:200]
     return None

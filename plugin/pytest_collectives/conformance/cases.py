@@ -277,14 +277,12 @@ def group_of(pg, members: frozenset[int] | None) -> tuple[object | None, list[in
 def laid_out(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.Tensor:
     """The same values in the drawn layout: contiguous, every other element of a buffer twice the size
     (strided), or a contiguous view one element into its storage (offset)."""
-    buffer = torch.empty(
-        tensor.numel() * (1 if layout == "contiguous" else 2) + 1, dtype=tensor.dtype, device=device
-    )
-    view = {
-        "contiguous": buffer[: tensor.numel()],
-        "offset": buffer[1 : 1 + tensor.numel()],
-        "strided": buffer[: tensor.numel() * 2 : 2],
-    }[layout]
+    n = tensor.numel()
+    if layout == "contiguous":
+        view = torch.empty(n, dtype=tensor.dtype, device=device)
+    else:
+        buffer = torch.empty(n * 2 + 1, dtype=tensor.dtype, device=device)
+        view = buffer[1 : 1 + n] if layout == "offset" else buffer[: n * 2 : 2]
     if tensor.dtype == torch.bool:  # byte for byte: a bool copy would make the sentinel's 0xFF a 1
         view.view(torch.uint8).copy_(tensor.reshape(-1).view(torch.uint8))
     else:

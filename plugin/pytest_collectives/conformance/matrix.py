@@ -551,15 +551,14 @@ def mismatch_lines(rows: list[dict[str, Any]]) -> list[str]:
 def backend_version(backend: str) -> str:
     """What the matrix records of the backend's version: a third-party backend's own (backends.declare),
     never torch's, which ships only gloo, NCCL and their kin."""
-    from pytest_collectives.backends import BUNDLED, declared_version, lineage
+    from pytest_collectives.backends import BUNDLED, backend_names, declared_version, lineage
 
     if declared := declared_version(backend):
         return declared
     torch = _torch()
     if "nccl" in backend and torch.cuda.is_available():
         return "NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
-    names = [part.split(":")[-1].lower() for part in backend.split(",")]
-    if all(name in BUNDLED for name in names):
+    if all(name in BUNDLED for name in backend_names(backend)):
         return f"bundled with torch {torch.__version__}"
     base = lineage(backend)[1:]
     return "version not declared" + (f" (built on {base[0]})" if base else "")

@@ -119,6 +119,7 @@ class Coverage:
 
     def __init__(self) -> None:
         self.ran: dict[str, int] = {}  # configuration id -> tests that passed or failed in it
+        self.skipped: dict[str, str] = {}  # configuration id -> the first skip's reason (a rejection's words)
 
     def add(self, report: pytest.TestReport) -> None:
         configuration = dict(report.user_properties).get("backend_env")
@@ -126,9 +127,20 @@ class Coverage:
             return
         ran = report.failed or (report.when == "call" and report.passed)
         self.ran[configuration] = self.ran.get(configuration, 0) + int(ran)
+        if report.skipped and isinstance(report.longrepr, tuple):
+            self.skipped.setdefault(configuration, str(report.longrepr[2]).removeprefix("Skipped: "))
 
     def untested(self) -> list[str]:
         return [configuration for configuration, ran in self.ran.items() if not ran]
+
+    def lines(self) -> list[str]:
+        """A line for each configuration none of whose tests ran, with why its first test did not."""
+        return [
+            f"untested with {c}: none of its tests ran"
+            + (f" ({self.skipped[c]})" if c in self.skipped else "")
+            + "; the run fails"
+            for c in self.untested()
+        ]
 
 
 def of_item(item: pytest.Item) -> Configuration:

@@ -374,7 +374,6 @@ class DistributedSession:
         self.configuration = configurations.Configuration()
         self.sizes_run: dict[str, tuple[int, ...]] = {}  # node id -> world sizes its test runs at
         self.coverage = configurations.Coverage()
-        self.rejected: dict[str, str] = {}  # configuration id -> the backend's words refusing it
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -446,10 +445,9 @@ class DistributedSession:
             with self.launcher.hypothesis_settings(fn), tuned, examples_sent_to(fn, on_ranks):
                 fn(**funcargs)
         except (Unsatisfiable, FailedHealthCheck):
-            # hypothesis found no example to run: where the backend refused each one, the test is N/A
-            if reason := pyfuncitem.stash.get(_EXAMPLES, _Examples()).not_applicable():
-                pytest.skip(reason)
-            raise
+            # hypothesis found no example to run: N/A below where the backend refused each one
+            if not pyfuncitem.stash.get(_EXAMPLES, _Examples()).not_applicable():
+                raise
         finally:
             _PARAMS.reset(token)
             _SIZES.reset(sizes_token)
@@ -575,7 +573,6 @@ class DistributedSession:
         try:
             return self.launcher.run(task, test)
         except configurations.Rejected as rejected:
-            self.rejected[rejected.configuration.id] = rejected.words
             self.config.hook.pytest_collectives_configuration_rejected(
                 configuration=rejected.configuration.id, words=rejected.words
             )
@@ -608,15 +605,6 @@ class DistributedSession:
         elif self.coverage.untested() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def untested(self) -> list[str]:
-        """A line for each configuration of --backend-env none of whose tests ran."""
-        return [
-            f"untested with {c}: none of its tests ran"
-            + (f" ({self.settings.backend} rejected it: {self.rejected[c]})" if c in self.rejected else "")
-            + "; the run fails"
-            for c in self.coverage.untested()
-        ]
-
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         records = side_by_side.records(self.config)
         plain = [(configurations.plain_id(name, e.get("backend_env", "")), e) for name, e in records]
@@ -625,7 +613,7 @@ class DistributedSession:
             terminalreporter.section("collectives: benchmarks per backend setting")
             for line in compared:
                 terminalreporter.write_line(line)
-        for line in self.untested():
+        for line in self.coverage.lines():
             terminalreporter.write_line(line, red=True)
         if self.calls:
             sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))
