@@ -270,6 +270,37 @@ def test_a_run_that_judges_a_sliver_of_the_baseline_fails_the_gate(pytester, ben
     assert run(pytester, "--fail-on-regression", "--min-judged", "0.25").stdout.str().count("gate error") == 0
 
 
+def test_a_baseline_benchmark_selected_but_not_run_fails_the_gate(pytester, bench_dir) -> None:
+    """A benchmark that ran on the good machine and is skipped now (its configuration refused, its group
+    never started) is a failure of the gate, not a note: the skip alone would let the run exit 0."""
+    pytester.makepyfile(
+        test_refused="""
+        import pytest
+
+        def test_refused(benchmark):
+            pytest.skip("the backend rejected this configuration")
+        """
+    )
+    seed_baseline(bench_dir, ["test_bench.py::test_op[ws2]", "test_refused.py::test_refused"])
+    gated = run(pytester, "--fail-on-regression")
+    gated.assert_outcomes(passed=1, skipped=1)
+    assert gated.ret == pytest.ExitCode.TESTS_FAILED
+    gated.stdout.fnmatch_lines(
+        [
+            "DID NOT RUN: 1 benchmark(s) of the baseline were selected and recorded no timing (failed, "
+            "skipped, or their configuration did not start): test_refused.py::test_refused",
+            "FAILED: 1 benchmark(s) of the baseline that did not run (--fail-on-regression)",
+        ]
+    )
+    # Left out by the selection, it is a note, weighed by --min-judged.
+    chosen = run(pytester, "--fail-on-regression", "-k", "test_op")
+    chosen.stdout.fnmatch_lines(
+        ["1 benchmark(s) in the baseline were not selected: test_refused.py::test_refused"]
+    )
+    # (whatever test_op's own verdict on this noisy machine)
+    assert "did not run" not in chosen.stdout.str().lower(), chosen.stdout.str()
+
+
 def test_min_judged_is_a_fraction(pytester, bench_dir) -> None:
     result = run(pytester, "--min-judged", "2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

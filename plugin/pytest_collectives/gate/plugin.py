@@ -105,7 +105,8 @@ class BaselineGate:
         self.error: str | None = None
         self.baseline_path: Path | None = None  # the baseline this run was compared with
         self.name = DEFAULT_NAME  # the baseline's file name under its topology id (set by _resolve)
-        self.benchmarks_selected: int | None = None  # None: collection did not run here (xdist controller)
+        # the ids of the selected benchmarks; None: collection did not run here (xdist controller)
+        self.benchmarks_selected: set[str] | None = None
 
     @property
     def rows(self) -> list[Any]:
@@ -137,7 +138,9 @@ class BaselineGate:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         # A bad baseline is found before minutes of benchmarks run, not after them (in SPMD mode, rank 0
         # alone gates and tells the other ranks: SpmdLauncher.pytest_collection_finish).
-        self.benchmarks_selected = sum("benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
+        self.benchmarks_selected = {
+            item.nodeid for item in session.items if "benchmark" in getattr(item, "fixturenames", ())
+        }
         if self.settings.benchmark_skip or self.settings.benchmark_disable or not self.benchmarks_selected:
             return
         try:
@@ -177,7 +180,8 @@ class BaselineGate:
             return "--benchmark-disable ran every benchmark once, untimed"
         if not self.benchmarks_selected:
             return "no selected test takes the benchmark fixture (check -k, -m and the paths)"
-        return f"the {self.benchmarks_selected} selected benchmark(s) recorded no timing (skipped or failed)"
+        selected = len(self.benchmarks_selected)
+        return f"the {selected} selected benchmark(s) recorded no timing (skipped or failed)"
 
     def _no_silent_pass(self, why: str) -> None:
         self.error = (
@@ -268,7 +272,7 @@ class BaselineGate:
         )
         result = self.result = self._measure_again(session, result, runs, now, sittings(base.runs))
         self._say_machine(result)
-        self._say_lists(result)
+        unran = self._say_lists(result)
         regressions = result.flagged
         if not result.judged:
             self._unarmed(
@@ -287,6 +291,7 @@ class BaselineGate:
                 f"than the rest of this machine (between-run spread {fam.spread:.1%})"
             )
         verdicts = [f"{len(regressions)} confirmed regression(s)"] if regressions else []
+        verdicts += [f"{len(unran)} benchmark(s) of the baseline that did not run"] if unran else []
         verdicts += [f"{len(result.slow_families)} family slowdown(s)"] if result.slow_families else []
         verdicts += ["a machine-wide slowdown"] if result.machine_wide else []
         if verdicts and self.settings.fail_on_regression:
@@ -372,7 +377,11 @@ class BaselineGate:
                 f"{machine.tolerance:.0%} tolerance: a driver, library or configuration change?"
             )
 
-    def _say_lists(self, result: GateResult) -> None:
+    def _say_lists(self, result: GateResult) -> list[str]:
+        """Say what was not judged, and return the baseline's benchmarks that this run selected and that
+        recorded no timing: failed, skipped, or their configuration never started. Each is a failure of
+        the gate, as a regression is (a backend that cannot run a benchmark is not healthy); one that was
+        not selected (-k, -m, paths) is a note, weighed by --min-judged."""
         unpromised = sorted(result.unpromised, key=lambda r: -r.detectable)
         if unpromised:
             worst = unpromised[0]
@@ -382,12 +391,21 @@ class BaselineGate:
                 f"detects >= {worst.detectable:.0%}); more rounds (--benchmark-max-time), more baseline "
                 "runs or a quieter machine narrow it"
             )
-        if result.missing:
+        selected = self.benchmarks_selected or set()
+        unran = [name for name in result.missing if name in selected]
+        unselected = [name for name in result.missing if name not in selected]
+        if unran:
             self.lines.append(
-                f"{len(result.missing)} benchmark(s) in the baseline did not run: {_names(result.missing)}"
+                f"DID NOT RUN: {len(unran)} benchmark(s) of the baseline were selected and recorded no "
+                f"timing (failed, skipped, or their configuration did not start): {_names(unran)}"
+            )
+        if unselected:
+            self.lines.append(
+                f"{len(unselected)} benchmark(s) in the baseline were not selected: {_names(unselected)}"
             )
         if result.new:
             self.lines.append(f"{len(result.new)} benchmark(s) have no baseline yet: {_names(result.new)}")
+        return unran
 
     def _measure_again(
         self,
