@@ -239,3 +239,61 @@ def test_a_backend_built_on_gloo_inherits_its_known_bugs_and_records_its_own_ver
     assert backend_version("gloo").startswith("bundled with torch")
     declare("acme_plain")
     assert backend_version("acme_plain") == "version not declared"
+
+
+ACME = """
+import os
+import torch.distributed as dist
+from pytest_collectives import declare
+
+dist.Backend.register_backend("acme", lambda *args: None, devices=["cpu"])
+if os.environ.get("ACME_ON_GLOO"):
+    declare("acme", built_on="gloo")
+"""
+
+
+def test_an_inherited_entry_can_be_dropped_and_another_backends_bug_is_named(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """acme's failure is gloo's known bug: undeclared, the failure stands and names gloo's entry (a vendor
+    who forgot built_on is told where to look); declared, it is the inherited xfail; and acme's own
+    manifest can drop that entry (its wrapper avoids the bug), whichever manifest is read first."""
+    pytester.makepyfile(test_user=TESTS, acme=ACME)
+    gloos = manifest(pytester.path / "bugs.json", bug("test_right"), bug("test_wrong_on_gloo"))
+    drops = manifest(
+        pytester.path / "acme.json",
+        {"backends": ["acme"], "test": "test_wrong_on_gloo", "drops": "gloo", "reason": "acme fixes it"},
+    )
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+    args = ["-p", "no:cacheprovider", "--backend-module", "acme", "--backend", "acme", "-rx"]
+    undeclared = pytester.runpytest_subprocess(*args, "--known-bugs", str(gloos))
+    undeclared.assert_outcomes(passed=1, failed=1)
+    undeclared.stdout.fnmatch_lines(
+        [
+            "this failure is the known gloo bug of bugs.json known_bugs[[]1] (wrong on purpose); if acme "
+            "hands this call to gloo, declare it in its module: declare('acme', built_on='gloo')*"
+        ]
+    )
+    monkeypatch.setenv("ACME_ON_GLOO", "1")
+    inherited = pytester.runpytest_subprocess(*args, "--known-bugs", str(gloos))
+    inherited.assert_outcomes(failed=1, xfailed=1)  # test_right: gloo's entry is a strict XPASS on acme too
+    inherited.stdout.fnmatch_lines(["XFAIL *test_wrong_on_gloo - known gloo bug, which acme is built on*"])
+    for order in ([gloos, drops], [drops, gloos]):
+        dropped = pytester.runpytest_subprocess(*args, *(f"--known-bugs={path}" for path in order))
+        dropped.assert_outcomes(failed=2)
+        assert "another backend's known bug" not in dropped.stdout.str()
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"backends": ["acme"], "test": "t", "drops": "gloo"}, "has the keys backends, test, drops, reason"),
+        (
+            {"backends": ["gloo"], "test": "t", "drops": "gloo", "reason": "r"},
+            "drops names a backend of its own",
+        ),
+    ],
+)
+def test_a_bad_drop_is_a_manifest_error(tmp_path: Path, entry: dict, message: str) -> None:
+    with pytest.raises(ManifestError, match=re.escape(message)):
+        load(manifest(tmp_path / "acme.json", entry))

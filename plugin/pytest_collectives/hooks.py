@@ -109,6 +109,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     conformance = conformance_settings.read(config)
     config.stash[_KNOWN_BUGS] = list(conformance.known_bugs)
+    known_bugs.remember(config, conformance.known_bugs)  # what drops an inherited entry holds from the start
     if env is None:
         from pytest_collectives.execution.pooled import PooledLauncher
 
@@ -148,7 +149,5 @@ def pytest_configure(config: pytest.Config) -> None:
         launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank
     if config.getoption("node_report"):
         directory = config.getoption("node_report")
-        report = session_report.NodeReport(
-            config, directory, settings.gpus, baseline_gate, matrix, soaking
-        )
+        report = session_report.NodeReport(config, directory, settings.gpus, baseline_gate, matrix, soaking)
         config.pluginmanager.register(report, "collectives-node-report")

@@ -22,6 +22,12 @@ premul_sum"]`` (each part a pattern: ``"* * premul_sum"``), and a test that trie
 that test is the strict xfail, the cells are withheld from every other test's draws, and the matrix shows
 them as known bugs. ``"world_sizes": [1]`` limits an entry, its test and its cells, to those world sizes.
 
+A backend built on another (``declare(backend, built_on="gloo")``) holds that backend's entries too. An
+entry ``{"backends": ["acme"], "test": "test_x", "drops": "gloo", "reason": "..."}`` drops gloo's entry
+for ``test_x`` (``test`` spelled as that entry spells it) from acme's: acme's wrapper avoids the bug, and
+the test is judged as any other. A failure that an entry of another backend explains says so, naming the
+entry (a vendor who forgot ``built_on`` is told where to look).
+
 The suites' own findings are ``suites/known_bugs.json``; a user's manifests come from ``--known-bugs
 PATH`` (or the ini key ``known_bugs``). A manifest that can't be read is a one-line usage error naming
 the file and the entry.
@@ -44,7 +50,7 @@ from pytest_collectives.errors import OneLineError
 from pytest_collectives.execution import examples
 from pytest_collectives.execution.configurations import of_item, plain_id
 from pytest_collectives.execution.messages import FAILED
-from pytest_collectives.execution.session import EXPECTED_FAILURES
+from pytest_collectives.execution.session import EXPECTED_FAILURES, settings_of
 
 __all__ = [
     "KnownBug",
@@ -58,6 +64,7 @@ __all__ = [
 
 _KEYS = ("backends", "test", "raises", "match", "reason")
 _OPTIONAL = ("cells", "world_sizes")
+_DROP_KEYS = ("backends", "test", "drops", "reason")
 Cell = tuple[str, str, str]  # operation, dtype, reduce op: capabilities.Cell
 
 
@@ -75,10 +82,20 @@ class KnownBug:
     source: str  # the manifest it came from, named in the xfail reason
     cells: tuple[Cell, ...] = ()  # patterns of cells withheld from every other test's draws
     world_sizes: tuple[int, ...] = ()  # where the entry holds; all when empty
+    drops: str = ""  # an entry that drops this backend's inherited entry for ``test`` (and is no bug)
+    index: int = 0  # its place in the manifest's list, which a failure it explains elsewhere names
+
+    @property
+    def where(self) -> str:
+        return f"{self.source} known_bugs[{self.index}]"
+
+    def owner(self, backend: str) -> str | None:
+        """The backend of ``backend``'s lineage (itself, then what it is built on) the entry is listed for."""
+        return next((name for name in lineage(backend) if name in self.backends), None)
 
     def holds_for(self, backend: str) -> bool:
         """Whether the entry holds on ``backend``: listed for it, or for a backend it is built on."""
-        return any(name in self.backends for name in lineage(backend))
+        return not self.drops and self.owner(backend) is not None
 
     def holds_at(self, world_size: int | None) -> bool:
         return not self.world_sizes or world_size in self.world_sizes
@@ -89,8 +106,12 @@ class KnownBug:
         return examples.explains(self.raises, self.match, failure)
 
     def matches(self, item: pytest.Item, backend: str) -> bool:
+        return self.holds_for(backend) and self.names(item)
+
+    def names(self, item: pytest.Item) -> bool:
+        """Whether the entry names ``item``, its test and world size, whatever the backend."""
         callspec = getattr(item, "callspec", None)
-        if not self.holds_for(backend) or not self.holds_at(callspec and callspec.params.get("world_size")):
+        if not self.holds_at(callspec and callspec.params.get("world_size")):
             return False
         if "::" in self.test:
             # an entry holds in every configuration of --backend-env: it names the test as a plain run does
@@ -113,6 +134,9 @@ def load(path: str | os.PathLike[str]) -> list[KnownBug]:
     bugs = []
     for i, entry in enumerate(entries):
         where = f"known bugs {path}: known_bugs[{i}]"
+        if isinstance(entry, dict) and "drops" in entry:
+            bugs.append(_drop(entry, where, path.name, i))
+            continue
         if not isinstance(entry, dict) or not set(_KEYS) <= set(entry) <= {*_KEYS, *_OPTIONAL}:
             raise ManifestError(
                 f"{where} must have the keys {', '.join(_KEYS)} (and may have cells, world_sizes)"
@@ -137,22 +161,63 @@ def load(path: str | os.PathLike[str]) -> list[KnownBug]:
         if not (isinstance(sizes, list) and all(isinstance(n, int) and n > 0 for n in sizes)):
             raise ManifestError(f"{where}.world_sizes must be a list of world sizes, such as [1]")
         bugs.append(
-            KnownBug(tuple(backends), *(entry[key] for key in _KEYS[1:]), path.name, cells, tuple(sizes))
+            KnownBug(
+                tuple(backends), *(entry[key] for key in _KEYS[1:]), path.name, cells, tuple(sizes), index=i
+            )
         )
     return bugs
+
+
+def _drop(entry: dict, where: str, source: str, index: int) -> KnownBug:
+    """An entry dropping an inherited one: ``backends``, built on ``drops``, do not hold its entry for
+    ``test``."""
+    if set(entry) != set(_DROP_KEYS):
+        raise ManifestError(
+            f"{where}: an entry that drops an inherited one has the keys {', '.join(_DROP_KEYS)}"
+        )
+    backends = entry["backends"]
+    if not (isinstance(backends, list) and backends and all(isinstance(b, str) and b for b in backends)):
+        raise ManifestError(f"{where}.backends must be a non-empty list of backend names")
+    for key in _DROP_KEYS[1:]:
+        if not (isinstance(entry[key], str) and entry[key].strip()):
+            raise ManifestError(f"{where}.{key} must be non-empty text")
+    if entry["drops"] in backends:
+        raise ManifestError(f"{where}.drops names a backend of its own backends: it drops what another holds")
+    return KnownBug(
+        tuple(backends), entry["test"], "", "", entry["reason"], source, drops=entry["drops"], index=index
+    )
 
 
 _BUGS = pytest.StashKey[list[KnownBug]]()
 _LOADED = pytest.StashKey[list[KnownBug]]()  # every manifest's entries, for the cells they withhold
 
 
+def remember(config: pytest.Config, bugs: Iterable[KnownBug]) -> list[KnownBug]:
+    """Every manifest's entries this session has read, ``bugs`` among them: what drops an inherited entry
+    holds whichever manifest is marked first."""
+    loaded = config.stash.setdefault(_LOADED, [])
+    loaded.extend(bug for bug in bugs if bug not in loaded)
+    return loaded
+
+
+def _held(config: pytest.Config, bug: KnownBug, backend: str) -> bool:
+    """Whether ``bug`` holds on ``backend``, once the entries dropping inherited ones are taken out."""
+    owner = bug.owner(backend)
+    if bug.drops or owner is None:
+        return False
+    return owner == backend or not any(
+        drop.drops == owner and drop.test == bug.test and drop.owner(backend) is not None
+        for drop in config.stash.get(_LOADED, [])
+    )
+
+
 def mark(config: pytest.Config, items: Iterable[pytest.Item], backend: str, bugs: Sequence[KnownBug]) -> None:
     """Make each test a known bug of ``backend`` names a strict xfail, with the manifest's reason."""
-    config.stash.setdefault(_LOADED, []).extend(bugs)
+    remember(config, bugs)
     for item in items:
         for bug in bugs:
-            if bug.matches(item, backend):
-                owner = next(name for name in lineage(backend) if name in bug.backends)
+            if _held(config, bug, backend) and bug.names(item):
+                owner = bug.owner(backend)
                 inherited = "" if owner == backend else f", which {backend} is built on"
                 reason = f"known {owner} bug{inherited} ({bug.source}): {bug.reason}"
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
@@ -166,7 +231,7 @@ def withheld(config: pytest.Config, backend: str, world_size: int) -> dict[Cell,
     each with its bug's reason."""
     found: dict[Cell, str] = {}
     for bug in config.stash.get(_LOADED, []):
-        if bug.holds_for(backend) and bug.holds_at(world_size):
+        if _held(config, bug, backend) and bug.holds_at(world_size):
             found.update((cell, bug.reason) for cell in bug.cells if cell not in found)
     return found
 
@@ -196,6 +261,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     bugs = expected(item)
+    if not bugs and report.failed and report.when == "call" and call.excinfo:
+        _name_another_backends_bug(item, report, _own_failures(call.excinfo.value))
     if not bugs or report.when != "call" or not (report.skipped and hasattr(report, "wasxfail")):
         return
     failure = report.longreprtext
@@ -206,3 +273,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report.outcome = "failed"
     del report.wasxfail
     report.longrepr = f"{failure}\n\nnot the known bug this test is marked with: expected {wanted}"
+
+
+def _name_another_backends_bug(item: pytest.Item, report: pytest.TestReport, own: list[str]) -> None:
+    """A failure that an entry of another backend explains stands, and says so: the run's backend may
+    hand this call to that one without declaring it (``declare(backend, built_on=...)``)."""
+    backend = settings_of(item.config).backend
+    for bug in item.config.stash.get(_LOADED, []):
+        if bug.drops or bug.owner(backend) is not None or not bug.names(item):
+            continue
+        if own and all(bug.explains(text) for text in own):
+            other = bug.backends[0]
+            report.sections.append(
+                (
+                    "another backend's known bug",
+                    f"this failure is the known {other} bug of {bug.where} ({bug.reason}); if {backend} "
+                    f"hands this call to {other}, declare it in its module: declare({backend!r}, "
+                    f"built_on={other!r}) (from pytest_collectives import declare)",
+                )
+            )
+            return
