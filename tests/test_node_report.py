@@ -490,7 +490,9 @@ def test_a_soak_s_failures_are_a_table_with_their_rate_and_replay_command(tmp_pa
     data = cpu_data()
     replay = "pytest 't.py::test_x[ws2-P=LL128]' --hypothesis-seed=9 --backend acme --world-sizes 2"
     failure = {"nodeid": "t.py::test_x[ws2-P=LL128]", "backend_env": "P=LL128", "failed_passes": 3,
-               "first_pass": 3, "first_at_s": 75.5, "replay": replay}  # fmt: skip
+               "first_pass": 3, "first_at_s": 75.5, "replay": replay,
+               "draws": [{"seed": 9, "tries": 3, "failed": 3}],
+               "kind": "fails every time its draw comes round: 3 of 3 tries at seed 9"}  # fmt: skip
     data["soak"] = {**soak_data([2.0] * 5, [failure]), "series": []}
     files = write_report(tmp_path, data)
     report = read_json(files)
@@ -501,7 +503,7 @@ def test_a_soak_s_failures_are_a_table_with_their_rate_and_replay_command(tmp_pa
         "t.py::test_x[ws2-P=LL128] at 1m15s (pass 3, failing in 3 of 5)"
     )
     assert check["details"]["table"]["rows"] == [
-        ["t.py::test_x[ws2-P=LL128]", "P=LL128", "3 of 5 passes", "1m15s (pass 3)", replay]
+        ["t.py::test_x[ws2-P=LL128]", "P=LL128", "3 of 5 passes", failure["kind"], "1m15s (pass 3)", replay]
     ]
     assert "burn-in bandwidth" not in {c["name"] for c in report["checks"]}  # no benchmark ran
     assert not files.get(plots.SOAK_PLOT)

@@ -61,6 +61,7 @@ def test_a_benchmark_that_got_worse_over_the_passes_is_a_warning() -> None:
         ("b.py::test_ar[ws2]", {"busbw_GBps": v}) for v in (2.0, 2.1, 1.9, 2.0, 1.8, 1.9, 1.5, 1.4, 1.5)
     ]
     slower = [("b.py::test_lat[ws2]", {"latency_us": v}) for v in (10, 10, 10, 10, 10, 10, 13, 12, 13)]
+
     def drifted(records: list, tolerance: float) -> list[str]:
         return [d.line(tolerance) for d in side_by_side.drifted(side_by_side.figures(records), tolerance)]
 
@@ -97,13 +98,16 @@ def test_a_node_that_wears_out_passes_one_run_and_fails_the_soak_which_says_when
     out = soak.stdout.str()
     assert soak.ret == 1, out[-3000:]
     found = re.search(
-        rf"^  {re.escape(TEST)} failed in (\d+) of (\d+) passes, first at (\S+) \(pass (\d+)\); replay: ",
+        rf"^  {re.escape(TEST)} failed in (\d+) of (\d+) passes, first at (\S+) \(pass (\d+)\); (.+); "
+        "replay: ",
         out,
         re.M,
     )
     assert found, out[-3000:]
     failed, passes, first = int(found[1]), int(found[2]), int(found[4])
     assert 2 <= first <= passes and failed == passes - first + 1, out[-3000:]  # worn out: every pass after
+    # tried again at once at its draw, it fails every time: a deterministic bug, not an intermittent one
+    assert re.fullmatch(r"fails every time its draw comes round: 3 of 3 tries at seed \d+(, .*)?", found[5])
     assert re.search(r"^soak: \d+ pass\(es\) in \S+, the time was spent; first seed \d+$", out, re.M)
     assert "collectives: 1 worker group(s) started" in out  # the passes shared their group
     assert not unshown(
@@ -130,13 +134,17 @@ def test_a_rare_corruption_gets_its_rate_and_a_replay_command(
     assert soak.ret == 1, out[-3000:]
     found = re.search(rf"^  {re.escape(TEST)} failed in (\d+) of (\d+) passes, .*; replay: (.+)$", out, re.M)
     assert found and 1 <= int(found[1]) <= int(found[2]) and int(found[2]) >= 2, out[-3000:]
+    # the same draw tried again fails only sometimes: an intermittent bug, with its rate per draw (the
+    # corruption's draws are seeded, so which tries it hits is the same run to run)
+    assert "; intermittent, fails sometimes at the same draw: " in found[0], found[0]
     # the node report has the same: the soak's passes, the failure's rate and its replay command
     report = json.loads((pytester.path / "report" / "report.json").read_text())
     (failure,) = report["soak"]["failures"]
     assert (failure["nodeid"], failure["failed_passes"], report["soak"]["passes"]) == (
         TEST, int(found[1]), int(found[2])
     )  # fmt: skip
-    assert failure["replay"] == found[3]
+    assert failure["replay"] == found[3] and failure["kind"] in found[0]
+    assert any(draw["failed"] < draw["tries"] == 3 for draw in failure["draws"]), failure["draws"]
     check = next(c for c in report["checks"] if c["name"] == "burn-in")
     assert check["status"] == "FAIL" and f"failing in {found[1]} of {found[2]})" in check["reason"]
     command = shlex.split(found[3])

@@ -401,11 +401,16 @@ class DistributedSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> None:
+        self.begin(item)
+
+    def begin(self, item: pytest.Item) -> None:
+        """Ready ``item`` to run: its configuration, and nothing left of an earlier run of it (a soak's
+        earlier pass, or its tries again at the same draw)."""
         self.configuration = configurations.of_item(item)
         if self.configuration.env and ("backend_env", self.configuration.id) not in item.user_properties:
             # on its reports (under xdist too) and in JUnit XML: which settings each outcome was under
             item.user_properties.append(("backend_env", self.configuration.id))
-        for key in (_outcome_key, _KNOWN_SEEN, _EXAMPLES):  # a soak's earlier pass of the item
+        for key in (_outcome_key, _KNOWN_SEEN, _EXAMPLES):
             if key in item.stash:
                 del item.stash[key]
 

@@ -6,6 +6,11 @@ a fresh hypothesis seed (the example database kept, so a failure found is tried 
 in the same worker groups, as a training job would keep its own (a group is replaced only after a test
 left it unfit). It ends, when the time is spent or at Ctrl-C, with what ran: passes made, and per test
 that failed, how often, when first, and a command that replays it.
+
+A test that fails in a pass is tried again at once at the same draw (the pass's seed: the same sizes and
+examples), for its first failing draws: a bug that fails every time its draw comes round is told from one
+that fails sometimes on the same draw, with the rate per draw. A deterministic bug of a rotating tier
+fails one pass in five, as an intermittent one might; its tries fail every time.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from pytest_collectives.execution import configurations, options
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 PROGRESS_EVERY_S = 60.0  # a pass is said when it failed, else at most once a minute
+TRIES_AT_A_DRAW = 3  # a failing test's runs at one draw: the pass's and two more
+# a test's first failing draws tried again: each replays the example database's failures and shrinks
+DRAWS_TRIED = 2
 
 
 def duration(text: str) -> float:
@@ -49,6 +57,16 @@ class Failures:
     passes: list[int] = dataclasses.field(default_factory=list)  # the passes it failed in
     first_at: float = 0.0  # seconds into the soak
     seed: int = 0  # the first failing pass's hypothesis seed
+    draws: dict[int, int] = dataclasses.field(default_factory=dict)  # a seed tried again: its failed tries
+
+    def kind(self) -> str:
+        """Whether the test's failing draws failed every time they were tried, and the rate per draw."""
+        rates = ", ".join(f"{n} of {TRIES_AT_A_DRAW} tries at seed {seed}" for seed, n in self.draws.items())
+        if not self.draws:
+            return ""
+        if all(n == TRIES_AT_A_DRAW for n in self.draws.values()):
+            return f"fails every time its draw comes round: {rates}"
+        return f"intermittent, fails sometimes at the same draw: {rates}"
 
 
 def replay(
@@ -154,6 +172,7 @@ class Soak:
                     # which pytest would then not set up again
                     nextitem = items[i + 1] if not last else (items[0] if more and i else None)
                     item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+                    self._try_again(item, nextitem, seed)
                     if session.shouldfail or session.shouldstop:
                         raise session.Failed(session.shouldfail or session.shouldstop)
                 ran = side_by_side.records(self.config)
@@ -166,6 +185,20 @@ class Soak:
             self.ended = "interrupted (Ctrl-C)"
             raise
         return True
+
+    def _try_again(self, item: pytest.Item, nextitem: pytest.Item | None, seed: int) -> None:
+        """Run a test that just failed again at its draw (TRIES_AT_A_DRAW in all), reporting nothing: only
+        how many of the tries failed is kept."""
+        from _pytest.runner import runtestprotocol
+
+        found = self.failures.get(item.nodeid)
+        if not found or found.passes[-1] != self.passes or len(found.draws) >= DRAWS_TRIED:
+            return
+        failed = 1
+        for _ in range(TRIES_AT_A_DRAW - 1):
+            self.session.begin(item)
+            failed += any(report.failed for report in runtestprotocol(item, nextitem=nextitem, log=False))
+        found.draws[seed] = failed
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -205,12 +238,15 @@ class Soak:
             configuration = configurations.of_item(item) if item else configurations.Configuration()
             callspec = getattr(item, "callspec", None)
             world_size = callspec.params.get("world_size") if callspec else None
+            draws = failures.draws
             found.append({
                 "nodeid": nodeid,
                 "backend_env": configuration.id,
                 "failed_passes": len(failures.passes),
                 "first_pass": failures.passes[0],
                 "first_at_s": round(failures.first_at, 3),
+                "draws": [{"seed": s, "tries": TRIES_AT_A_DRAW, "failed": n} for s, n in draws.items()],
+                "kind": failures.kind(),
                 "replay": replay(nodeid, failures.seed, self.session.settings, configuration, world_size),
             })  # fmt: skip
         return found
@@ -233,9 +269,10 @@ class Soak:
         lines += [drift.line(self.drift) for drift in side_by_side.drifted(figures, self.drift)]
         by_configuration: dict[str, list[str]] = {}
         for found in self.failed():
+            kind = f"; {found['kind']}" if found["kind"] else ""
             by_configuration.setdefault(found["backend_env"], []).append(
                 f"  {found['nodeid']} failed in {found['failed_passes']} of {self.passes} passes, first at "
-                f"{clock(found['first_at_s'])} (pass {found['first_pass']}); replay: {found['replay']}"
+                f"{clock(found['first_at_s'])} (pass {found['first_pass']}){kind}; replay: {found['replay']}"
             )
         for configuration, failed in by_configuration.items():
             named = configuration or configurations.Configuration()

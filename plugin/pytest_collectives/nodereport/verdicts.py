@@ -218,12 +218,20 @@ def _soak_checks(soak: Mapping[str, Any]) -> list[Check]:
             f"each one's rate and the command that replays it.",
             {
                 TABLE: {
-                    "columns": ["Test", "Backend settings", "Failed in", "First at", "Replay"],
+                    "columns": [
+                        "Test",
+                        "Backend settings",
+                        "Failed in",
+                        "At the same draw",
+                        "First at",
+                        "Replay",
+                    ],
                     "rows": [
                         [
                             f["nodeid"],
                             f["backend_env"] or "-",
                             f"{f['failed_passes']} of {passes} passes",
+                            f["kind"] or "-",
                             f"{clock(f['first_at_s'])} (pass {f['first_pass']})",
                             f["replay"],
                         ]
