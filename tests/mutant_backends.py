@@ -578,16 +578,17 @@ class FaultsAtFirstStart(ReferenceBackend):
 
 
 class TransfersDropped(ReferenceBackend):
-    """Receives and all_reduces that do not land: after the first call of each (ACME_DROP=after-first) or
-    one call in a hundred (ACME_DROP=1-in-100). The data moves into a scratch buffer, so the ranks stay
-    paired and the figures look healthy; only a check of each timed call's bytes can tell."""
+    """Receives, all_reduces, all_to_alls, gathers and scatters that do not land: after the first call of
+    each (ACME_DROP=after-first) or one call in a hundred (ACME_DROP=1-in-100). The data moves into a
+    scratch buffer, so the ranks stay paired and the figures look healthy; only a check of each timed
+    call's bytes can tell."""
 
     name = "mutant_transfers_dropped"
     calls: dict[str, int] = {}
 
     @staticmethod
     def _dropped(kind: str, tensors: list[Any]) -> bool:
-        if tensors[0].numel() < 256:  # the harness's own calls (a round's times, its verdict) stay whole
+        if kind == "allreduce" and tensors[0].numel() < 256:  # the harness's (a round's times, its verdict)
             return False
         count = TransfersDropped.calls[kind] = TransfersDropped.calls.get(kind, 0) + 1
         how = os.environ.get("ACME_DROP", "after-first")
@@ -602,6 +603,22 @@ class TransfersDropped(ReferenceBackend):
         if self._dropped("allreduce", tensors):
             tensors = [t.clone() for t in tensors]
         return super().allreduce(tensors, opts)
+
+    def alltoall_base(self, output: Any, input: Any, *args: Any) -> dist.Work:  # noqa: A002 - c10d's name
+        if self._dropped("alltoall", [output]):
+            output = torch.empty_like(output)
+        return super().alltoall_base(output, input, *args)
+
+    # gather and scatter, which the reference backends do not take, handed to gloo with the drop
+    def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any) -> dist.Work:
+        if outputs and outputs[0] and self._dropped("gather", outputs[0]):
+            outputs = [[torch.empty_like(t) for t in outputs[0]]]
+        return self.inner.gather(outputs, inputs, opts)
+
+    def scatter(self, outputs: list[Any], inputs: list[list[Any]], opts: Any) -> dist.Work:
+        if self._dropped("scatter", outputs):
+            outputs = [torch.empty_like(t) for t in outputs]
+        return self.inner.scatter(outputs, inputs, opts)
 
 
 class LargeObjectsTruncated(ReferenceBackend):

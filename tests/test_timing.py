@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from pytest_collectives.bench.stamps import Stamps
+from pytest_collectives.bench.stamps import Stamps, stamp
 from pytest_collectives.bench.timing import (
     ROUND_FLOOR_S,
     WARMUP_ITERATIONS,
@@ -149,3 +149,23 @@ def test_the_last_timed_call_is_checked_too():
     assert stamps.check().startswith(
         "1 of 1 timed receives of a round did not land as sent: the first, of call 10"
     )
+
+
+def test_parts_received_are_told_apart_and_empty_ones_carry_no_stamp():
+    """A flat buffer received in parts (all_to_all's, a gather's): each part's stamp is its sender's, a
+    part of no elements (the smallest sizes) is left out, and a part that did not land is named by its
+    index among all the parts."""
+    parts = [torch.zeros(4), torch.zeros(0), torch.zeros(4)]
+    spacing = Stamps.SPACING
+    stamps = Stamps(receives=parts, landed=lambda s, j: s + j * spacing)
+
+    def exchange(dropped: int | None = None) -> None:
+        for j in (0, 2):
+            if j != dropped:
+                parts[j][0] = stamp(stamps.calls) + j * spacing
+
+    stamps.wrap(exchange)()
+    assert stamps.check() is None
+    assert torch.equal(stamps.all_landed([torch.zeros(4), torch.zeros(0), torch.zeros(4)]), torch.cat(parts))
+    stamps.wrap(lambda: exchange(dropped=2))()
+    assert "of call 2 (buffer 2)" in stamps.check()

@@ -30,6 +30,12 @@ TIMED = [
     "(send_bandwidth and send_recv-unidir) or pair_bandwidth or two_transfers"
     " or (matmul_with_transfer and send) or (test_all_reduce and -all_reduce])",
 ]
+# ... and the rest: all_to_all, gather and scatter, the hypercube, the registered algorithms, the ping-pong
+TIMED_TOO = [
+    "test_p2p.py", "test_collectives.py", "--max-bytes", "4K", "--world-sizes", "2",
+    "--benchmark-min-rounds", "120", "--benchmark-max-time", "0", "-k",
+    "all_to_all or gather_scatter or hypercube or registered_algorithm or send_latency",
+]
 
 # (row, backend, arguments, environment, exit status, a line the output must hold)
 ROWS = [
@@ -53,6 +59,8 @@ ROWS = [
      "*6 failed*"),
     ("timed receives that drop one in a hundred", "mutant_transfers_dropped", TIMED,
      {"ACME_DROP": "1-in-100"}, 1, "*6 failed*"),
+    ("... every other timed collective and ping-pong", "mutant_transfers_dropped", TIMED_TOO,
+     {"ACME_DROP": "after-first"}, 1, "*12 failed*"),
     ("... with --baseline-save: nothing saved", "mutant_transfers_dropped", [*P2P, "--baseline-save"],
      {"ACME_DROP": "after-first"}, 1, "*timed receives of a round did not land as sent*"),
     ("a receive that ignores a view's offset", "mutant_received_at_the_storage_start",
@@ -62,6 +70,7 @@ ROWS = [
     ("control: ... in the soak", "refgloo", [*ALL_REDUCE, "--soak", "2s"], {}, 0,
      "*no test failed in any pass*"),
     ("control: ... its timed transfers", "refgloo", TIMED, {}, 0, "*6 passed*"),
+    ("control: ... the others", "refgloo", TIMED_TOO, {}, 0, "*10 passed, 2 skipped*"),
 ]  # fmt: skip
 
 

@@ -167,14 +167,19 @@ def test_all_to_all(pg, benchmark, nbytes, splits):
     output = torch.empty(sum(sizes[i][me] for i in range(n)), device=pg.device)
     column = [sizes[i][me] for i in range(n)]
     benchmark.extra_info.update(dtype="float32", splits=splits)
+    # each part sent carries its sender's stamp; the part from rank j lands as s + j * SPACING
+    stamps = Stamps(
+        source.split(sizes[me]), output.split(column), landed=lambda s, j: s + j * Stamps.SPACING,
+        offset=me * Stamps.SPACING,
+    )  # fmt: skip
     benchmark(
         dist.all_to_all_single, output, source, column, sizes[me], nbytes=source.numel() * 4,
-        collective="all_to_all",
+        collective="all_to_all", stamps=stamps,
     )  # fmt: skip
-    dist.all_to_all_single(output, source, column, sizes[me])
     starts = [sum(sizes[i][:me]) for i in range(n)]
-    want = [rank_values(pg, i, sum(sizes[i]))[starts[i] : starts[i] + sizes[i][me]] for i in range(n)]
-    want = torch.cat(want)
+    want = stamps.all_landed(
+        [rank_values(pg, i, sum(sizes[i]))[starts[i] : starts[i] + sizes[i][me]] for i in range(n)]
+    )
     head = f"got {output[:4].tolist()}..., exact {want[:4].tolist()}..."
     assert torch.equal(output, want), f"all_to_all_single on rank {me}: {head}"
 
@@ -191,19 +196,19 @@ def test_gather_scatter(pg, benchmark, nbytes, operation):
     mine = rank_values(pg, me, count)
     if operation == "scatter" and me == 0:
         parts = [rank_values(pg, r, count, salt=7) for r in range(n)]
-    call = (
-        (lambda: dist.gather(mine, parts, 0))
-        if operation == "gather"
-        else (lambda: dist.scatter(mine, parts, 0))
-    )
+    if operation == "gather":
+        call = lambda: dist.gather(mine, parts, 0)  # noqa: E731
+        # rank j's part lands at the root as its stamp, s + j * SPACING
+        stamps = Stamps([mine], parts or (), lambda s, j: s + j * Stamps.SPACING, me * Stamps.SPACING)
+    else:
+        call = lambda: dist.scatter(mine, parts, 0)  # noqa: E731
+        stamps = Stamps(parts or (), [mine])
     benchmark.extra_info.update(dtype="float32")
-    benchmark(call, nbytes=count * n * 4, collective=operation)
-    mine = rank_values(pg, me, count)
-    call()
+    benchmark(call, nbytes=count * n * 4, collective=operation, stamps=stamps)
     if operation == "gather" and me == 0:
-        assert all(torch.equal(parts[r], rank_values(pg, r, count)) for r in range(n))
+        assert all(torch.equal(parts[r], stamps.as_landed(rank_values(pg, r, count), r)) for r in range(n))
     if operation == "scatter":
-        assert torch.equal(mine, rank_values(pg, me, count, salt=7))
+        assert torch.equal(mine, stamps.as_landed(rank_values(pg, me, count, salt=7)))
 
 
 @pytest.mark.world_size()
@@ -251,11 +256,10 @@ def test_hypercube(pg, benchmark, nbytes):
 
     blocks[me] = rank_values(pg, me, count)
     benchmark.extra_info.update(dtype="float32")
-    benchmark(exchange, nbytes=count * n * 4, collective="hypercube")
-    blocks.zero_()
-    blocks[me] = rank_values(pg, me, count)
-    exchange()
-    assert all(torch.equal(blocks[r], rank_values(pg, r, count)) for r in range(n))
+    # this rank's block carries its stamp; after the steps, block r holds rank r's: s + r * SPACING
+    stamps = Stamps([blocks[me]], list(blocks), lambda s, r: s + r * Stamps.SPACING, me * Stamps.SPACING)
+    benchmark(exchange, nbytes=count * n * 4, collective="hypercube", stamps=stamps)
+    assert all(torch.equal(blocks[r], stamps.as_landed(rank_values(pg, r, count), r)) for r in range(n))
 
 
 # Every registered algorithm of these operations that the tests above do not already measure, under the ids
@@ -292,15 +296,32 @@ def test_registered_algorithm(pg, benchmark, algorithm, nbytes):
     def ones(size: int) -> torch.Tensor:
         return torch.ones(size, device=pg.device)
 
-    total, block = ones(count), ones(count // n)
+    total, block, source = ones(count), ones(count // n), ones(count)
     args = {
         "all_reduce": (total, dist.ReduceOp.SUM),
         "reduce_scatter": (block, total, dist.ReduceOp.SUM),
         "all_gather": (total, block),
-        "all_to_all": (total, ones(count), None, None),
+        "all_to_all": (total, source, None, None),
         "broadcast": (total, 0),
         "reduce": (total, 0, dist.ReduceOp.SUM),
     }[operation]
     benchmark.extra_info.update(dtype="float32", algorithm=algorithm)
-    benchmark(chosen, *args, group=pg.group, nbytes=count * 4, collective=operation)
+    stamps = stamped(operation, pg, total, block, source)
+    benchmark(chosen, *args, group=pg.group, nbytes=count * 4, collective=operation, stamps=stamps)
     check_once(pg, operation, chosen, count // n if operation in ("reduce_scatter", "all_gather") else count)
+
+
+def stamped(operation: str, pg, total: torch.Tensor, block: torch.Tensor, source: torch.Tensor) -> Stamps:
+    """Each timed call of a registered algorithm checked (bench.stamps), as test_registered_algorithm passes
+    its buffers: ``total`` the whole tensor, ``block`` one rank's part, ``source`` all_to_all's input."""
+    n, me, root = pg.world_size, pg.rank, pg.rank == 0
+    apart = {"landed": lambda s, j: s + j * Stamps.SPACING, "offset": me * Stamps.SPACING}
+    summed = {"landed": lambda s, j: n * s}
+    return {
+        "all_reduce": lambda: Stamps([total], [total], **summed),
+        "reduce_scatter": lambda: Stamps(total.chunk(n), [block], **summed),
+        "all_gather": lambda: Stamps([block], total.chunk(n), **apart),
+        "all_to_all": lambda: Stamps(source.chunk(n), total.chunk(n), **apart),
+        "broadcast": lambda: Stamps([total] * root, [total] * (not root)),
+        "reduce": lambda: Stamps([total], [total] * root, **summed),
+    }[operation]()

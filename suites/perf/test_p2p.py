@@ -84,10 +84,12 @@ def test_send_latency(pg, benchmark, mode):
         transfer(mode, "unidir", buf, inbox, pg.rank, 1, 0)
 
     benchmark.extra_info.update(dtype="float32", mode=mode, message_bytes=LATENCY_BYTES)
-    benchmark(ping_pong, nbytes=2 * LATENCY_BYTES, collective="p2p")
-    if pg.rank in (0, 1):
-        peer = 1 - pg.rank
-        assert_copied(inbox, pattern(LATENCY_BYTES, peer), f"{mode} ping-pong: rank {peer} -> rank {pg.rank}")
+    # both ways checked: rank 0's ping lands at rank 1 as s, rank 1's pong at rank 0 as s + SPACING
+    peer = 1 - pg.rank
+    stamps = Stamps([buf], [inbox], lambda s, j: s + peer * Stamps.SPACING, pg.rank * Stamps.SPACING)
+    benchmark(ping_pong, nbytes=2 * LATENCY_BYTES, collective="p2p", stamps=stamps)
+    sent = stamps.as_landed(pattern(LATENCY_BYTES, peer).view(torch.float32))
+    assert_copied(inbox, sent, f"{mode} ping-pong: rank {peer} -> rank {pg.rank}")
 
 
 def _shared_buffer(pg, numel: int) -> tuple[torch.Tensor, str]:
@@ -113,8 +115,13 @@ def test_shared_memory_copy(pg, benchmark, nbytes):
     dst = torch.empty(numel)
     local = bench_local_memcpy(pg, dst, private)
     benchmark.extra_info.update(dtype="float32", src=0, dst=1, threads=torch.get_num_threads())
-    benchmark(lambda: dst.copy_(shared) if pg.rank == 1 else None, nbytes=nbytes, collective="p2p")
+    # rank 1 stamps rank 0's memory through its own mapping, then copies out of it: each copy checked
+    reader = pg.rank == 1
+    stamps = Stamps([shared] * reader, [dst] * reader)
+    benchmark(lambda: dst.copy_(shared) if reader else None, nbytes=nbytes, collective="p2p", stamps=stamps)
     benchmark.extra_info["memcpy_median_s"] = local
+    if reader:
+        assert torch.equal(dst, stamps.as_landed(torch.ones(numel))), "the copy did not read rank 0's memory"
     dist.barrier()
     if pg.rank == 0:
         os.unlink(path)
