@@ -15,7 +15,7 @@ import torch
 import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
 import torch.distributed as dist
 
-from pytest_collectives import backend_env_preset
+from pytest_collectives import backend_env_preset, declare
 from pytest_collectives.conformance.refbackend import NcclRulesBackend, ReferenceBackend, register
 
 
@@ -690,6 +690,61 @@ def _sum_for_avg(opts: Any) -> Any:
     return opts
 
 
+def buffer_form(tensor: torch.Tensor) -> str:
+    """How a tensor handed to the backend is laid out in its storage."""
+    if tensor.is_contiguous():
+        return "dense at an offset" if tensor.storage_offset() else "dense"
+    if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    return "strided"
+
+
+def _tensors(arg: Any) -> list[torch.Tensor]:
+    if isinstance(arg, torch.Tensor):
+        return [arg]
+    if isinstance(arg, (list, tuple)):
+        return [t for a in arg for t in _tensors(a)]
+    return []
+
+
+class RecordsBufferForms(ReferenceBackend):
+    """Not wrong: each (call, form) of the tensors the backend is handed, kept in ACME_FORMS.<pid>, so a
+    test can hold the forms the algorithms pass to those the backend's own tests draw."""
+
+    name = "recording_forms"
+    seen: set[tuple[str, str]] = set()
+
+    def _record(self, call: str, roles: tuple[str, ...], *args: Any) -> None:
+        new = {
+            (call, role, buffer_form(t))
+            for role, arg in zip(roles, args, strict=False)
+            for t in _tensors(arg)
+            if t.numel()
+        } - RecordsBufferForms.seen
+        if new:
+            RecordsBufferForms.seen |= new
+            with open(f"{os.environ['ACME_FORMS']}.{os.getpid()}", "a", encoding="utf-8") as out:
+                out.writelines("\t".join(seen) + "\n" for seen in sorted(new))
+
+
+def _recorded(call: str, roles: tuple[str, ...]) -> Any:
+    def method(self: RecordsBufferForms, *args: Any) -> dist.Work:
+        self._record(call, roles, *args)
+        return getattr(ReferenceBackend, call)(self, *args)
+
+    return method
+
+
+# each call's tensor arguments, in order: what the backend reads, writes, or both
+_ROLES = {
+    "allreduce": ("in and out",), "allreduce_coalesced": ("in and out",), "broadcast": ("in and out",),
+    "reduce_scatter": ("out", "in"), "allgather": ("out", "in"), "alltoall_base": ("out", "in"),
+    "alltoall": ("out", "in"), "send": ("in",), "recv": ("out",),
+}  # fmt: skip
+for _call, _roles in _ROLES.items():
+    setattr(RecordsBufferForms, _call, _recorded(_call, _roles))
+
+
 MUTANTS = [
     Int64ReducedIn32Bits,
     Bf16ReducedThroughFp16,
@@ -729,5 +784,6 @@ MUTANTS = [
     WrongAfterWear,
     WrongOnceInThousands,
 ]
-register(*MUTANTS)
+register(*MUTANTS, RecordsBufferForms)
+declare(RecordsBufferForms.name, built_on="gloo")  # it is gloo: gloo's known bugs hold
 backend_env_preset("acme-proto", {"ACME_PROTO": ["LL", "LL128", "Simple"]})
