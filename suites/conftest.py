@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from pytest_collectives import format_size, known_bugs, parse_size, settings_of, size_sweep
+try:
+    from pytest_collectives import format_size, known_bugs, parse_size, settings_of, size_sweep
+except ModuleNotFoundError as exc:  # this pytest's Python lacks the plugin: say what to do, in one line
+    raise pytest.UsageError(
+        f"the suites need the pytest-collectives plugin, which this Python ({exc.name} missing) lacks: run "
+        "them with the Python that has it (after the tox set-up: .tox/suites/bin/python -m pytest suites), "
+        "or install it here: python -m pip install -e '.[suites]'"
+    ) from None
 
 # Examples run on every rank, so their time varies with the machine's load: no deadline. The example
 # database is hypothesis' default (.hypothesis/ in the working directory), so a failure found once is

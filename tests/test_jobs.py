@@ -87,3 +87,14 @@ def test_a_conformance_run_has_its_matrix_and_a_run_of_both_both_verdicts(checko
     both = run(checkout, CONFORMANCE[0], PERF[0], "-k", f"ring_exchange or ({PERF[2]})", "--baseline-save")
     assert both.ret == 0, both.stdout.str()[-3000:]
     both.stdout.fnmatch_lines(["*saved 6 benchmark(s) as a run of the baseline*", "*capability matrix*"])
+
+
+def test_pytest_benchmark_s_own_perf_only_flag_is_a_perf_run(checkout: pytest.Pytester) -> None:
+    """``pytest suites --benchmark-only`` (pytest-benchmark's flag) skips every conformance test by the
+    user's choice: it selects none, as ``pytest suites/perf`` does, and is no "checked nothing"."""
+    result = run(
+        checkout, "suites", "-k", "ring_exchange or (registered and ring_all_gather)", "--benchmark-only"
+    )
+    result.assert_outcomes(passed=2, skipped=1)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.no_fnmatch_line("*conformance checked nothing*")

@@ -213,7 +213,14 @@ class CapabilityMatrix:
         return rows
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.selected = sum(item.get_closest_marker("conformance") is not None for item in session.items)
+        # pytest-benchmark's --benchmark-only skips every test without the benchmark fixture: a perf-only
+        # run asked for by that flag selects no conformance test, as one of suites/perf does
+        only = self.config.getoption("benchmark_only", False)
+        self.selected = sum(
+            item.get_closest_marker("conformance") is not None
+            and not (only and "benchmark" not in getattr(item, "fixturenames", ()))
+            for item in session.items
+        )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and not report.skipped and "conformance" in report.keywords:
