@@ -128,15 +128,19 @@ def test_three_runs_arm_the_gate_which_catches_a_planted_slowdown(pytester, benc
 
 
 def test_no_baseline_fails_the_gate_unless_a_first_run_is_allowed(pytester, bench_dir) -> None:
-    result = run(pytester, "--fail-on-regression")
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(
-        [
-            "baseline error: no baseline for this topology (cpu-*) under *, so nothing can be judged; "
-            "record one with `pytest <same arguments> --baseline-save` (3 times*), "
-            "or pass --allow-missing-baseline for a first run"
-        ]
-    )
+    """Found before the benchmarks run, and before a soak's passes: a gate with no baseline fails whatever
+    they measure, and an 8-hour soak must not say so after 8 hours."""
+    for soak in ([], ["--soak", "10m"]):
+        result = run(pytester, "--fail-on-regression", *soak)
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        result.stdout.fnmatch_lines(
+            [
+                "baseline error: no baseline for this topology (cpu-*) under *, so nothing can be judged; "
+                "record one with `pytest <same arguments> --baseline-save` (3 times*), "
+                "or pass --allow-missing-baseline for a first run"
+            ]
+        )
+        assert result.parseoutcomes().get("passed") is None and "soak: pass" not in result.stdout.str()
     allowed = run(pytester, "--fail-on-regression", "--allow-missing-baseline")
     assert allowed.ret == 0
     allowed.stdout.fnmatch_lines(

@@ -141,7 +141,8 @@ class Soak:
         """Pass ``number``'s hypothesis seed: consecutive seeds, which also walk the sweeps' rotation."""
         return self.first_seed + number - 1
 
-    @pytest.hookimpl(tryfirst=True)
+    # not tryfirst: the gate's veto (a bad or missing baseline, BaselineGate.pytest_runtestloop) comes
+    # before the passes, and this still comes before pytest's own loop
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         if session.testsfailed and not session.config.option.continue_on_collection_errors:
             raise session.Interrupted(f"{session.testsfailed} error(s) during collection")

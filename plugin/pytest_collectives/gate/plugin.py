@@ -147,10 +147,16 @@ class BaselineGate:
             self._resolve()
         except BaselineError as exc:
             self.error = f"baseline error: {exc}"
+            return
+        if self.resolved is None and self.settings.judging_first and self.settings.fail_on_regression:
+            # no baseline of this topology fails the gate whatever runs: say so now, not after a soak
+            said = len(self.lines)
+            self._no_baseline(self._missing())
+            del self.lines[said:]  # where it does not fail (--allow-missing-baseline), it is said when judged
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
-        return True if self.error else None  # True: the tests do not run
+        return True if self.error else None  # True: the tests do not run, nor a soak's passes
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.config.option.collectonly and not self.error:
@@ -246,10 +252,8 @@ class BaselineGate:
             )
 
     def _judge(self, session: pytest.Session, results: dict[str, BenchmarkEntry]) -> None:
-        current = topology_id(self.machine())
         if self.resolved is None:
-            named = "" if self.name == DEFAULT_NAME else f", {self.name}.json"
-            self._no_baseline(f"no baseline for this topology ({current}{named}) under {self.settings.root}")
+            self._no_baseline(self._missing())
             return
         base = self.resolved.baseline
         self.baseline_path = base.path
@@ -299,6 +303,11 @@ class BaselineGate:
             self.failed = True
         elif verdicts:
             self.lines.append(f"{' and '.join(verdicts)}; report mode: add --fail-on-regression to gate")
+
+    def _missing(self) -> str:
+        named = "" if self.name == DEFAULT_NAME else f", {self.name}.json"
+        where = topology_id(self.machine())
+        return f"no baseline for this topology ({where}{named}) under {self.settings.root}"
 
     def _judged(self, runs: list[dict[str, float]], now: dict[str, float], labels: list[int]) -> GateResult:
         """The rule (statistics.judge) at this session's threshold and tolerance."""
