@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -356,12 +357,8 @@ def test_a_layout_moved_as_if_dense_fails_the_layout_test(
     assert named and all(("dtype=torch.float32," in line) == wrong_in_float32 for line in named), named
 
 
-@python_backends
-@pytest.mark.slow
-def test_a_cell_wrong_only_at_1_mi_is_caught_where_the_seed_turns_the_tier_to_it(pytester) -> None:
-    """int32 all_reduce SUM wrong from 512 Ki elements on: the run whose --hypothesis-seed turns the 1 Mi
-    tier to that cell at 2 ranks fails, naming it (the tier once stood at the first cell in every run)."""
-    backend = "mutant_large_int32_sum_unreduced"
+def turn_to_int32_sum(pytester: pytest.Pytester, backend: str) -> int:
+    """The turn at which every_cell's 1 Mi tier stands at all_reduce int32 SUM on ``backend`` (probed)."""
     probe = run_on_backend(
         pytester, backend, "test_point_to_point.py", "-k", "ring_exchange", "--world-sizes", "2",
         "--capability-json", "m.json",
@@ -373,7 +370,16 @@ def test_a_cell_wrong_only_at_1_mi_is_caught_where_the_seed_turns_the_tier_to_it
     # the order the sweep lists them in (cases.supported_cells)
     cells = [(dtype_name(d), op) for d in DTYPES for op in REDUCE_OPS if defined(d, op)]
     cells = [cell for cell in cells if cell in supported]
-    seed = (cells.index(("int32", "sum")) - 2) % len(cells)  # the turn is the seed plus the world size
+    return cells.index(("int32", "sum")) + len(cells)  # a turn, and so a seed, of at least 0
+
+
+@python_backends
+@pytest.mark.slow
+def test_a_cell_wrong_only_at_1_mi_is_caught_where_the_seed_turns_the_tier_to_it(pytester) -> None:
+    """int32 all_reduce SUM wrong from 512 Ki elements on: the run whose --hypothesis-seed turns the 1 Mi
+    tier to that cell at 2 ranks fails, naming it (the tier once stood at the first cell in every run)."""
+    backend = "mutant_large_int32_sum_unreduced"
+    seed = turn_to_int32_sum(pytester, backend) - 2  # the turn is the seed plus the world size
     result = run_on_backend(
         pytester, backend, "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring",
         "--world-sizes", "2", f"--hypothesis-seed={seed}",
@@ -386,6 +392,31 @@ def test_a_cell_wrong_only_at_1_mi_is_caught_where_the_seed_turns_the_tier_to_it
             f"*turned at {seed}, *",
         ]
     )
+
+
+@python_backends
+@pytest.mark.slow
+def test_a_soak_s_replay_commands_reproduce_their_failures_as_typed(pytester, monkeypatch) -> None:
+    """A soak at 2 and 3 ranks whose first pass turns the 1 Mi tier to the wrong cell at 3 ranks (and the
+    second pass at 2): each replay the soak prints, run as typed, fails with the same example. It once
+    added --world-sizes N, which moved the rotation, and the failure at 3 ranks passed when replayed."""
+    backend = "mutant_large_int32_sum_unreduced"
+    seed = turn_to_int32_sum(pytester, backend) - 3
+    soak = run_on_backend(
+        pytester, backend, "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring",
+        "--world-sizes", "2,3", f"--hypothesis-seed={seed}", "--soak", "1s",
+    )  # fmt: skip
+    out = soak.stdout.str()
+    replays = re.findall(r"failed in \d+ of \d+ passes, .*; replay: (pytest .+)$", out, re.M)
+    assert any("[ws3-all_reduce]" in command for command in replays), out[-3000:]
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # where mutant_backends is, as typed
+    for command in replays:
+        args = shlex.split(command)[1:]
+        again = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")
+        assert again.ret == pytest.ExitCode.TESTS_FAILED, f"{command}\n{again.stdout.str()[-3000:]}"
+        again.stdout.fnmatch_lines(
+            ["*case=Case(operations=('all_reduce',), dtype=torch.int32, op='sum', size=1048576*"]
+        )
 
 
 @python_backends
