@@ -115,9 +115,9 @@ def test_every_private_api_in_use_is_listed_with_why() -> None:
 
 def test_one_concern_per_subpackage():
     top = {p.name for p in ROOT.iterdir() if p.suffix == ".py"}
-    # The entry point and its hook specs, and what several concerns share.
+    # The entry point, its hook specs and the session's one owner (run.py), and what several concerns share.
     shared = {"atomic.py", "errors.py", "devices.py", "backends.py"}
-    assert top == {"__init__.py", "hooks.py", "newhooks.py", *shared}, top
+    assert top == {"__init__.py", "hooks.py", "newhooks.py", "run.py", *shared}, top
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     concerns = {
         "execution",
@@ -221,3 +221,26 @@ def test_no_part_of_the_package_looks_another_up_by_name() -> None:
         if lookup.search(line)
     ]
     assert not found, f"looked up by name: {found}"
+
+
+SESSION_HOOKS = (
+    "pytest_collection_finish",
+    "pytest_runtestloop",
+    "pytest_sessionfinish",
+    "pytest_terminal_summary",
+)
+
+
+def test_the_run_alone_implements_the_session_level_hooks():
+    """One owner of a session's life (run.Run), in one written order: no part implements a session-level
+    hook of its own, where tryfirst, trylast and registration order once decided verdicts. The modes'
+    plugins (the SPMD launcher, the xdist controller) keep theirs."""
+    modes = {ROOT / "execution" / "spmd.py", ROOT / "execution" / "xdist.py", ROOT / "run.py"}
+    found = [
+        f"{path.relative_to(ROOT)}: {hook}"
+        for path in ROOT.rglob("*.py")
+        if path not in modes
+        for hook in SESSION_HOOKS
+        if f"def {hook}(" in path.read_text()
+    ]
+    assert not found, found

@@ -33,6 +33,7 @@ from pytest_collectives.execution.session import (
 from pytest_collectives.gate import plugin as gate
 from pytest_collectives.gate import settings as gate_settings
 from pytest_collectives.nodereport import collect as session_report
+from pytest_collectives.run import Run
 
 __all__ = ["pg", "world_size"]  # the fixtures, found here by pytest
 
@@ -127,9 +128,12 @@ def pytest_configure(config: pytest.Config) -> None:
         matrix = CapabilityMatrix(config, settings.backend, conformance, worker=True)
         config.stash[probing.MATRIX] = matrix
         config.pluginmanager.register(matrix, "collectives-capabilities")
+        config.pluginmanager.register(Run(session, matrix), "collectives-run")
         return
     if env is not None and env.rank != 0:
-        return  # one process compares, saves and reports for the session: rank 0 in SPMD mode
+        # one process compares, saves and reports for the session: rank 0 in SPMD mode
+        config.pluginmanager.register(Run(session), "collectives-run")
+        return
     matrix = CapabilityMatrix(config, settings.backend, conformance)
     config.stash[probing.MATRIX] = matrix
     config.pluginmanager.register(matrix, "collectives-capabilities")
@@ -147,7 +151,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(soaking, "collectives-soak")
     if isinstance(launcher, spmd.SpmdLauncher):
         launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank
+    report = None
     if config.getoption("node_report"):
         directory = config.getoption("node_report")
         report = session_report.NodeReport(config, directory, settings.gpus, baseline_gate, matrix, soaking)
         config.pluginmanager.register(report, "collectives-node-report")
+    # the session-level hooks are the run's alone, over these parts, in one order (run.py)
+    config.pluginmanager.register(Run(session, matrix, baseline_gate, soaking, report), "collectives-run")

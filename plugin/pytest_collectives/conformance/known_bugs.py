@@ -141,12 +141,7 @@ def load(path: str | os.PathLike[str]) -> list[KnownBug]:
             raise ManifestError(
                 f"{where} must have the keys {', '.join(_KEYS)} (and may have cells, world_sizes)"
             )
-        backends = entry["backends"]
-        if not (isinstance(backends, list) and backends and all(isinstance(b, str) and b for b in backends)):
-            raise ManifestError(f"{where}.backends must be a non-empty list of backend names")
-        for key in _KEYS[1:]:
-            if not (isinstance(entry[key], str) and entry[key].strip()):
-                raise ManifestError(f"{where}.{key} must be non-empty text")
+        backends = _named(entry, where, _KEYS[1:])
         if not entry["raises"].isidentifier():
             raise ManifestError(f"{where}.raises must name an exception, such as AssertionError")
         try:
@@ -168,6 +163,17 @@ def load(path: str | os.PathLike[str]) -> list[KnownBug]:
     return bugs
 
 
+def _named(entry: dict, where: str, texts: tuple[str, ...]) -> list[str]:
+    """An entry's backends, checked a non-empty list of names, and its ``texts`` checked non-empty text."""
+    backends = entry["backends"]
+    if not (isinstance(backends, list) and backends and all(isinstance(b, str) and b for b in backends)):
+        raise ManifestError(f"{where}.backends must be a non-empty list of backend names")
+    for key in texts:
+        if not (isinstance(entry[key], str) and entry[key].strip()):
+            raise ManifestError(f"{where}.{key} must be non-empty text")
+    return backends
+
+
 def _drop(entry: dict, where: str, source: str, index: int) -> KnownBug:
     """An entry dropping an inherited one: ``backends``, built on ``drops``, do not hold its entry for
     ``test``."""
@@ -175,12 +181,7 @@ def _drop(entry: dict, where: str, source: str, index: int) -> KnownBug:
         raise ManifestError(
             f"{where}: an entry that drops an inherited one has the keys {', '.join(_DROP_KEYS)}"
         )
-    backends = entry["backends"]
-    if not (isinstance(backends, list) and backends and all(isinstance(b, str) and b for b in backends)):
-        raise ManifestError(f"{where}.backends must be a non-empty list of backend names")
-    for key in _DROP_KEYS[1:]:
-        if not (isinstance(entry[key], str) and entry[key].strip()):
-            raise ManifestError(f"{where}.{key} must be non-empty text")
+    backends = _named(entry, where, _DROP_KEYS[1:])
     if entry["drops"] in backends:
         raise ManifestError(f"{where}.drops names a backend of its own backends: it drops what another holds")
     return KnownBug(

@@ -212,7 +212,7 @@ class CapabilityMatrix:
             rows.append({**row, "behaviour": kinds.pop() if len(kinds) == 1 else each})
         return rows
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
+    def collected(self, session: pytest.Session) -> None:
         # pytest-benchmark's --benchmark-only skips every test without the benchmark fixture: a perf-only
         # run asked for by that flag selects no conformance test, as one of suites/perf does
         only = self.config.getoption("benchmark_only", False)
@@ -247,8 +247,7 @@ class CapabilityMatrix:
             and not any(t.passed or t.failed for t in self.tallies.values())
         )
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def finish(self, session: pytest.Session) -> None:
         if self.worker:
             self.config.workeroutput["collectives_matrix"] = self.export()  # type: ignore[attr-defined]
         elif self.checked_nothing() and session.exitstatus == pytest.ExitCode.OK:
@@ -301,7 +300,7 @@ class CapabilityMatrix:
             line, before = self.resembling.get(like, (line, 0))
             self.resembling[like] = (line, before + count)
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def summary(self, terminalreporter: Any) -> None:
         if not self.reports() or self.worker:
             return
         doc = self.document()

@@ -390,7 +390,7 @@ class DistributedSession:
         one_configuration_at_a_time(items, self.settings.configurations)
         self.launcher.collected(items)
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
+    def collected(self, session: pytest.Session) -> None:
         self.last_of_size = last_of_each_size(session.items)
         self.sizes_run = world_sizes_run(session.items)
 
@@ -603,14 +603,14 @@ class DistributedSession:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.coverage.add(report)
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def finish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workeroutput"):  # an xdist worker: the controller prints the counts
             self.config.workeroutput["collectives_calls"] = {str(n): c for n, c in self.calls.items()}
             self.config.workeroutput["collectives_summary"] = self.launcher.summary()
         elif self.coverage.untested() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def summary(self, terminalreporter: Any) -> None:
         records = side_by_side.records(self.config)
         plain = [(configurations.plain_id(name, e.get("backend_env", "")), e) for name, e in records]
         compared = side_by_side.by_configuration(plain)

@@ -141,9 +141,8 @@ class Soak:
         """Pass ``number``'s hypothesis seed: consecutive seeds, which also walk the sweeps' rotation."""
         return self.first_seed + number - 1
 
-    # not tryfirst: the gate's veto (a bad or missing baseline, BaselineGate.pytest_runtestloop) comes
-    # before the passes, and this still comes before pytest's own loop
-    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+    def loop(self, session: pytest.Session) -> bool:
+        """The passes, in place of pytest's own loop (run.Run.pytest_runtestloop, after the gate's veto)."""
         if session.testsfailed and not session.config.option.continue_on_collection_errors:
             raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
         if session.config.option.collectonly:
@@ -297,7 +296,7 @@ class Soak:
             ],
         }
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def summary(self, terminalreporter: Any) -> None:
         if not self.passes:
             return
         terminalreporter.section("soak")

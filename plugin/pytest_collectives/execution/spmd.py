@@ -416,6 +416,7 @@ class SpmdLauncher:
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
         return True if self.stop else None  # True: the tests do not run
 
+    @pytest.hookimpl(tryfirst=True)  # before run.Run's: the node report reads the exit status it sets
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.stop:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

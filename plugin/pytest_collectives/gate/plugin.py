@@ -134,8 +134,7 @@ class BaselineGate:
         if settings.judging_first:
             self.resolved = resolve_baseline(self.settings.root, fingerprint, settings.baseline, self.name)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
+    def collected(self, session: pytest.Session) -> None:
         # A bad baseline is found before minutes of benchmarks run, not after them (in SPMD mode, rank 0
         # alone gates and tells the other ranks: SpmdLauncher.pytest_collection_finish).
         self.benchmarks_selected = {
@@ -148,17 +147,19 @@ class BaselineGate:
         except BaselineError as exc:
             self.error = f"baseline error: {exc}"
             return
-        if self.resolved is None and self.settings.judging_first and self.settings.fail_on_regression:
+        judging = self.settings.judging_first and self.settings.fail_on_regression
+        if self.resolved is None and judging and not self.config.option.collectonly:
             # no baseline of this topology fails the gate whatever runs: say so now, not after a soak
+            # (a collection alone judges nothing, and needs none)
             said = len(self.lines)
             self._no_baseline(self._missing())
             del self.lines[said:]  # where it does not fail (--allow-missing-baseline), it is said when judged
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
-        return True if self.error else None  # True: the tests do not run, nor a soak's passes
+    def vetoes(self) -> bool:
+        """Whether the tests must not run (nor a soak's passes): the baseline can't be used."""
+        return bool(self.error)
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def finish(self, session: pytest.Session) -> None:
         if self.config.option.collectonly and not self.error:
             return  # nothing ran, so nothing is judged (a bad baseline found while collecting still fails)
         results = collect_results(self.config)
@@ -496,7 +497,7 @@ class BaselineGate:
         except OSError as exc:
             self.lines.append(f"gate report not written to {directory}: {exc.strerror}")
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def summary(self, terminalreporter: Any) -> None:
         if not self.lines and not self.rows:
             return
         terminalreporter.section("collectives: baseline comparison")

@@ -189,12 +189,11 @@ class NodeReport:
                     {"nodeid": report.nodeid, "longrepr": report.longreprtext[-MAX_LONGREPR:]}
                 )
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
+    def collected(self, session: pytest.Session) -> None:
         # What cannot be read of the topology is a usage error before the tests, not a crash after them.
         self.gate.machine()
 
-    @pytest.hookimpl(trylast=True)  # after the gate has compared with the baseline
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def finish(self, session: pytest.Session) -> None:
         from pytest_collectives.gate import plugin as gate
         from pytest_collectives.nodereport.schema import ReportError
         from pytest_collectives.nodereport.write import write_report
@@ -260,7 +259,7 @@ class NodeReport:
         """The conformance suites' capability matrix, where a conformance test probed a group."""
         return self.matrix.document() if self.matrix.reports() else None
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def summary(self, terminalreporter: Any) -> None:
         if self.written:
             terminalreporter.write_line(f"node report: {self.directory / 'report.html'}")
         if self.error:
