@@ -201,12 +201,11 @@ def remember(config: pytest.Config, bugs: Iterable[KnownBug]) -> list[KnownBug]:
     return loaded
 
 
-def _held(config: pytest.Config, bug: KnownBug, backend: str) -> bool:
-    """Whether ``bug`` holds on ``backend``, once the entries dropping inherited ones are taken out."""
+def _dropped(config: pytest.Config, bug: KnownBug, backend: str) -> bool:
+    """Whether an entry of ``backend``'s (or of a backend between it and the bug's owner) drops ``bug``, an
+    entry it would otherwise inherit."""
     owner = bug.owner(backend)
-    if bug.drops or owner is None:
-        return False
-    return owner == backend or not any(
+    return owner not in (None, backend) and any(
         drop.drops == owner and drop.test == bug.test and drop.owner(backend) is not None
         for drop in config.stash.get(_LOADED, [])
     )
@@ -217,7 +216,7 @@ def mark(config: pytest.Config, items: Iterable[pytest.Item], backend: str, bugs
     remember(config, bugs)
     for item in items:
         for bug in bugs:
-            if _held(config, bug, backend) and bug.names(item):
+            if bug.matches(item, backend) and not _dropped(config, bug, backend):
                 owner = bug.owner(backend)
                 inherited = "" if owner == backend else f", which {backend} is built on"
                 reason = f"known {owner} bug{inherited} ({bug.source}): {bug.reason}"
@@ -232,7 +231,7 @@ def withheld(config: pytest.Config, backend: str, world_size: int) -> dict[Cell,
     each with its bug's reason."""
     found: dict[Cell, str] = {}
     for bug in config.stash.get(_LOADED, []):
-        if _held(config, bug, backend) and bug.holds_at(world_size):
+        if bug.holds_for(backend) and bug.holds_at(world_size) and not _dropped(config, bug, backend):
             found.update((cell, bug.reason) for cell in bug.cells if cell not in found)
     return found
 
