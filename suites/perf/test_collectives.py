@@ -52,7 +52,7 @@ def check_once(pg, operation: str, implementation, size: int) -> None:  # noqa: 
 def test_all_reduce(pg, benchmark, algorithm, nbytes):
     n, tensor = pg.world_size, torch.ones(nbytes // 4, device=pg.device)
     benchmark.extra_info.update(dtype="float32", algorithm=algorithm)
-    stamps = Stamps(sends=[tensor], receives=[tensor], landed=lambda s, j: n * s)  # every timed call checked
+    stamps = Stamps.summed([tensor], [tensor], n)  # every timed call checked
     benchmark(ALL_REDUCES[algorithm], tensor, nbytes=nbytes, collective="all_reduce", stamps=stamps)
     check_once(pg, "all_reduce", ALL_REDUCES[algorithm], tensor.numel())
 
@@ -76,7 +76,7 @@ def test_ring_reduce_scatter(pg, benchmark, steps_per_rank, nbytes):
     benchmark.extra_info.update(dtype="float32", steps=steps_per_rank * n)
     benchmark(
         alg.ring_reduce_scatter, output, source, steps=steps_per_rank * n, nbytes=chunk * n * 4,
-        collective="reduce_scatter", stamps=Stamps(chunks(source, n), [output], landed=lambda s, j: n * s),
+        collective="reduce_scatter", stamps=Stamps.summed(chunks(source, n), [output], n),
     )  # fmt: skip
 
     def ring(output, input, op, group):  # noqa: ANN001, ANN202 - the reduce_scatter contract
@@ -95,7 +95,7 @@ def test_backend_reduce_scatter(pg, benchmark, nbytes):
     benchmark.extra_info.update(dtype="float32")
     benchmark(
         alg.reduce_scatter_single, output, source, nbytes=chunk * n * 4, collective="reduce_scatter",
-        stamps=Stamps(chunks(source, n), [output], landed=lambda s, j: n * s),
+        stamps=Stamps.summed(chunks(source, n), [output], n),
     )  # fmt: skip
     check_once(pg, "reduce_scatter", registry.get("reduce_scatter_single"), chunk)
 
@@ -109,9 +109,7 @@ def test_all_gather(pg, benchmark, nbytes):
     mine = torch.ones(chunk, device=pg.device)
     benchmark.extra_info.update(dtype="float32")
     # each rank's part, stamped as its own, in its chunk on every rank
-    stamps = Stamps(
-        [mine], chunks(output, n), landed=lambda s, j: s + j * Stamps.SPACING, offset=pg.rank * Stamps.SPACING
-    )
+    stamps = Stamps.apart([mine], chunks(output, n), pg.rank)
     benchmark(
         alg.all_gather_single, output, mine, nbytes=chunk * n * 4, collective="all_gather", stamps=stamps
     )
@@ -143,7 +141,7 @@ def test_reduce(pg, benchmark, nbytes):
     n, count = pg.world_size, nbytes // 4
     tensor = rank_values(pg, pg.rank, count)
     benchmark.extra_info.update(dtype="float32")
-    stamps = Stamps(sends=[tensor], receives=[tensor] * (pg.rank == 0), landed=lambda s, j: n * s)
+    stamps = Stamps.summed([tensor], [tensor] * (pg.rank == 0), n)
     benchmark(dist.reduce, tensor, 0, nbytes=count * 4, collective="reduce", stamps=stamps)
     tensor = rank_values(pg, pg.rank, count)
     dist.reduce(tensor, 0)
@@ -167,11 +165,7 @@ def test_all_to_all(pg, benchmark, nbytes, splits):
     output = torch.empty(sum(sizes[i][me] for i in range(n)), device=pg.device)
     column = [sizes[i][me] for i in range(n)]
     benchmark.extra_info.update(dtype="float32", splits=splits)
-    # each part sent carries its sender's stamp; the part from rank j lands as s + j * SPACING
-    stamps = Stamps(
-        source.split(sizes[me]), output.split(column), landed=lambda s, j: s + j * Stamps.SPACING,
-        offset=me * Stamps.SPACING,
-    )  # fmt: skip
+    stamps = Stamps.apart(source.split(sizes[me]), output.split(column), me)
     benchmark(
         dist.all_to_all_single, output, source, column, sizes[me], nbytes=source.numel() * 4,
         collective="all_to_all", stamps=stamps,
@@ -198,8 +192,7 @@ def test_gather_scatter(pg, benchmark, nbytes, operation):
         parts = [rank_values(pg, r, count, salt=7) for r in range(n)]
     if operation == "gather":
         call = lambda: dist.gather(mine, parts, 0)  # noqa: E731
-        # rank j's part lands at the root as its stamp, s + j * SPACING
-        stamps = Stamps([mine], parts or (), lambda s, j: s + j * Stamps.SPACING, me * Stamps.SPACING)
+        stamps = Stamps.apart([mine], parts or (), me)
     else:
         call = lambda: dist.scatter(mine, parts, 0)  # noqa: E731
         stamps = Stamps(parts or (), [mine])
@@ -256,8 +249,7 @@ def test_hypercube(pg, benchmark, nbytes):
 
     blocks[me] = rank_values(pg, me, count)
     benchmark.extra_info.update(dtype="float32")
-    # this rank's block carries its stamp; after the steps, block r holds rank r's: s + r * SPACING
-    stamps = Stamps([blocks[me]], list(blocks), lambda s, r: s + r * Stamps.SPACING, me * Stamps.SPACING)
+    stamps = Stamps.apart([blocks[me]], list(blocks), me)
     benchmark(exchange, nbytes=count * n * 4, collective="hypercube", stamps=stamps)
     assert all(torch.equal(blocks[r], stamps.as_landed(rank_values(pg, r, count), r)) for r in range(n))
 
@@ -315,13 +307,11 @@ def stamped(operation: str, pg, total: torch.Tensor, block: torch.Tensor, source
     """Each timed call of a registered algorithm checked (bench.stamps), as test_registered_algorithm passes
     its buffers: ``total`` the whole tensor, ``block`` one rank's part, ``source`` all_to_all's input."""
     n, me, root = pg.world_size, pg.rank, pg.rank == 0
-    apart = {"landed": lambda s, j: s + j * Stamps.SPACING, "offset": me * Stamps.SPACING}
-    summed = {"landed": lambda s, j: n * s}
     return {
-        "all_reduce": lambda: Stamps([total], [total], **summed),
-        "reduce_scatter": lambda: Stamps(total.chunk(n), [block], **summed),
-        "all_gather": lambda: Stamps([block], total.chunk(n), **apart),
-        "all_to_all": lambda: Stamps(source.chunk(n), total.chunk(n), **apart),
+        "all_reduce": lambda: Stamps.summed([total], [total], n),
+        "reduce_scatter": lambda: Stamps.summed(total.chunk(n), [block], n),
+        "all_gather": lambda: Stamps.apart([block], total.chunk(n), me),
+        "all_to_all": lambda: Stamps.apart(source.chunk(n), total.chunk(n), me),
         "broadcast": lambda: Stamps([total] * root, [total] * (not root)),
-        "reduce": lambda: Stamps([total], [total] * root, **summed),
+        "reduce": lambda: Stamps.summed([total], [total] * root, n),
     }[operation]()

@@ -86,7 +86,7 @@ def test_send_latency(pg, benchmark, mode):
     benchmark.extra_info.update(dtype="float32", mode=mode, message_bytes=LATENCY_BYTES)
     # both ways checked: rank 0's ping lands at rank 1 as s, rank 1's pong at rank 0 as s + SPACING
     peer = 1 - pg.rank
-    stamps = Stamps([buf], [inbox], lambda s, j: s + peer * Stamps.SPACING, pg.rank * Stamps.SPACING)
+    stamps = Stamps.apart([buf], [inbox], pg.rank, senders=[peer])
     benchmark(ping_pong, nbytes=2 * LATENCY_BYTES, collective="p2p", stamps=stamps)
     sent = stamps.as_landed(pattern(LATENCY_BYTES, peer).view(torch.float32))
     assert_copied(inbox, sent, f"{mode} ping-pong: rank {peer} -> rank {pg.rank}")

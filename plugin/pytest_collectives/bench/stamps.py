@@ -74,6 +74,24 @@ class Stamps:
         self.calls = 0
         self.seen: list[tuple[int, list[Any]]] = []  # (call, each receive's first element) since the check
 
+    @classmethod
+    def summed(cls, sends: Sequence[Any], receives: Sequence[Any], ranks: int) -> Stamps:
+        """A sum over ``ranks`` ranks that all stamp alike: each receive holds ``ranks`` times the stamp."""
+        return cls(sends, receives, landed=lambda s, j: ranks * s)
+
+    @classmethod
+    def apart(
+        cls, sends: Sequence[Any], receives: Sequence[Any], rank: int, senders: Sequence[int] | None = None
+    ) -> Stamps:
+        """Senders told apart: this ``rank`` stamps its sends ``rank * SPACING`` above the call's stamp, and
+        receive ``j`` holds the stamp of rank ``senders[j]`` (by default rank ``j``: a part per rank)."""
+        return cls(
+            sends,
+            receives,
+            landed=lambda s, j: s + (senders[j] if senders is not None else j) * cls.SPACING,
+            offset=rank * cls.SPACING,
+        )
+
     def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         """``fn`` with the stamps written before it and read after it."""
 
