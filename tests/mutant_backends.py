@@ -287,6 +287,21 @@ class LargeInt32SumUnreduced(ReferenceBackend):
         return super().allreduce(tensors, opts)
 
 
+class Float32ProductWrongAt64Ki(ReferenceBackend):
+    """all_reduce PRODUCT of float32 at exactly 64 Ki elements leaves the first element unreduced: one cell
+    at one size, which a rotation of the 64 Ki tier over reduce ops reached in 2 default runs of 5."""
+
+    name = "mutant_float32_product_wrong_at_64ki"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        opts = opts or _options.AllreduceOptions()
+        tensor = tensors[0]
+        product = opts.reduceOp == dist.ReduceOp.PRODUCT
+        if tensor.dtype == torch.float32 and tensor.numel() == 1 << 16 and product:
+            return super().allreduce([tensor.view(-1)[1:]], opts)
+        return super().allreduce(tensors, opts)
+
+
 class UnreducedPast2To31(ReferenceBackend):
     """all_reduce reduces the first 2**31 elements only, the rest left as they were: a 32-bit count (Open
     MPI 9606's kind). Only the opt-in --huge tier reaches it; run by hand (docs/measurements.md)."""
@@ -751,6 +766,7 @@ MUTANTS = [
     MismatchReducedInFloat32,
     UnreducedPast2To31,
     LargeInt32SumUnreduced,
+    Float32ProductWrongAt64Ki,
     Uint8ComparedAsInt8,
     AvgRunAsSum,
     SamePeerMessagesSwapped,

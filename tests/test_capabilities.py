@@ -395,6 +395,23 @@ def test_a_cell_wrong_only_at_1_mi_is_caught_where_the_seed_turns_the_tier_to_it
 
 
 @python_backends
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_cell_wrong_only_at_64_ki_is_caught_at_every_seed(pytester, seed: int) -> None:
+    """float32 all_reduce PRODUCT wrong at exactly 64 Ki elements: every cell runs at 64 Ki in every run, so
+    each seed's run fails, naming it (the 64 Ki tier once rotated a dtype's reduce op: 2 runs in 5)."""
+    result = run_on_backend(
+        pytester, "mutant_float32_product_wrong_at_64ki", "test_every_cell.py",
+        "-k", "every_supported_cell and all_reduce and not ring", "--world-sizes", "2",
+        f"--hypothesis-seed={seed}",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["the failing example: case=Case(operations=('all_reduce',), dtype=torch.float32, op='product', "
+         "size=65536*"]
+    )  # fmt: skip
+
+
+@python_backends
 @pytest.mark.slow
 def test_a_soak_s_replay_commands_reproduce_their_failures_as_typed(pytester, monkeypatch) -> None:
     """A soak at 2 and 3 ranks whose first pass turns the 1 Mi tier to the wrong cell at 3 ranks (and the

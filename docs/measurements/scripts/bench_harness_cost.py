@@ -101,7 +101,7 @@ def test_example(pg, i):
 """
 
 
-BARE_ITERATIONS = 2000
+BARE_ITERATIONS = int(os.environ.get("BARE_ITERATIONS", 2000))
 
 
 def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any, pinned: bool) -> None:
@@ -150,6 +150,7 @@ PHASES = (
 
 def phases(n: int, body: str, k: int) -> dict[str, float]:
     """Median seconds of each of PHASES over ``k`` calls of a test whose body is ``body`` (rank 0's)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the tests' helpers
     from helpers import module_task
 
     from pytest_collectives.execution.pool import GroupPool

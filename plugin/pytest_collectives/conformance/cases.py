@@ -198,10 +198,15 @@ def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
     """Every cell of ``operation`` (a backend call; by default the running test's ``algorithm``) the probe
     found supported, as one sweep (``examples.sweep``): each (dtype, reduce op) at SWEEP_SIZE elements
     across the dtype's whole range (``Values("spread")``: from its subnormals to the top, exact, in one
-    call: a gloo call at 8 ranks on 2 cores costs 13 to 21 ms, the sweep's cost); each dtype at 64 Ki
-    elements, its reduce op and scale rotating; one cell at 1 Mi (these two where ``tiers_at`` says). Over
+    call: a gloo call at 8 ranks on 2 cores costs 13 to 21 ms, the sweep's cost); each cell again at 64 Ki
+    elements, at a scale turning with the run; one cell at 1 Mi (these two where ``tiers_at`` says). Over
     the whole world, each cell with its own root. What rotates turns with the run (``rotation.turn``):
-    another each run and at each world size, the same for a seed (``--hypothesis-seed``)."""
+    another each run and at each world size, the same for a seed (``--hypothesis-seed``).
+
+    Why every cell at 64 Ki and one at 1 Mi: on a small machine the 64 Ki examples of every cell cost a
+    sweep little more than one dtype's did, while a 1 Mi example, mostly drawing and checking its inputs,
+    costs five times its call, and every cell at 1 Mi would cost the run several times its sweeps
+    (docs/measurements/conformance-suite.md)."""
     return st.builds(rotation.turn).map(lambda turn: _every_cell(operation, turn))
 
 
@@ -215,11 +220,9 @@ def _every_cell(operation: str | None, turn: int) -> list[Case]:
     sweep = [case(i, *cell, SWEEP_SIZE, Values("spread")) for i, cell in enumerate(cells)]
     if not tiers_at(item_parameter("world_size"), item_world_sizes()):
         return sweep
-    dtypes = [dtype for dtype in DTYPES if any(d == dtype for d, _ in cells)]
-    for i, dtype in enumerate(dtypes):
-        ops = [op for d, op in cells if d == dtype]
+    for i, cell in enumerate(cells):  # each at a scale of its own, turning with the run
         scale = (turn + i) % (2 * SCALE + 1) - SCALE
-        sweep.append(case(turn + i, dtype, ops[(turn + i) % len(ops)], TIERS[0], Values("full", scale)))
+        sweep.append(case(turn + i, *cell, TIERS[0], Values("full", scale)))
     if cells:
         sweep.append(case(turn, *cells[turn % len(cells)], TIERS[1], Values("full", turn % SCALE)))
     return sweep

@@ -326,10 +326,7 @@ class CapabilityMatrix:
             terminalreporter.write_line(row["line"], red=FAIL in row["statuses"].values())
         turn = rotation.taken(self.config)
         if turn is not None:
-            terminalreporter.write_line(
-                f"the sweeps' rotating tiers (1 Mi, 64 Ki, the layouts' dtypes) turned at {turn}, each world "
-                f"size a turn further; --hypothesis-seed={turn} turns them there again"
-            )
+            terminalreporter.write_line(rotation_line(turn, doc["world_sizes"]))
             terminalreporter.write_line(tiers_line(doc["cells"]))
         for stack, verdict in doc.get("training", {}).items():
             terminalreporter.write_line(f"{stack}: {verdict}", red=verdict.startswith(FAIL))
@@ -464,11 +461,17 @@ def grid(doc: dict[str, Any], marks: dict[str, str], sep: str) -> list[str]:
     """The matrix as rows of (operation, reduce op) and a column per dtype, in ``marks``' symbols."""
     dtypes = [d for d in _dtype_names() if any(r["dtype"] == d for r in doc["cells"])]
     by_row: dict[tuple[str, str], dict[str, str]] = {}
+
+    def passed(tier: str) -> str:  # P64K in the terminal's narrow columns, PASS 64K in a report
+        return marks[PASS] + (tier if len(marks[PASS]) == 1 else f" {tier}") * bool(tier)
+
     for row in doc["cells"]:
-        by_row.setdefault((row["operation"], row["reduce_op"]), {})[row["dtype"]] = marks[row["status"]]
+        mark = passed(tier_of(row.get("largest", 0))) if row["status"] == PASS else marks[row["status"]]
+        by_row.setdefault((row["operation"], row["reduce_op"]), {})[row["dtype"]] = mark
     width = max([len(f"{o} {r}") for o, r in by_row] + [10])
     head = f"{doc['backend']} ({doc['backend_version']}), torch {doc['torch']}, world sizes "
     legend = ", ".join(f"{mark} {status}" for status, mark in marks.items())
+    legend += f"; {passed(tier_of(1 << 20))}, {passed(tier_of(1 << 16))}: passed at 1 Mi, 64 Ki elements too"
     lines = [head + ",".join(map(str, doc["world_sizes"])) + f"; {legend}"]
     lines.append(sep.join([f"{'operation op':<{width}}", *(f"{short_dtype(d):>4}" for d in dtypes)]))
     for (operation, op), cells in sorted(by_row.items()):
@@ -512,6 +515,27 @@ def semantics_lines(rows: list[dict[str, Any]]) -> list[str]:
     for (operation, op, value, behaviour), dtypes in sorted(differ.items()):
         lines.append(f"  {operation} {op} {value}: {behaviour} ({' '.join(map(short_dtype, dtypes))})")
     return lines
+
+
+def tier_of(largest: int) -> str:
+    """The size tier a cell's largest passing example reached, as the matrix marks it: 1M, 64K or none."""
+    from pytest_collectives.conformance.cases import TIERS  # hypothesis' strategies: not at import
+
+    return "1M" if largest >= TIERS[1] else "64K" if largest >= TIERS[0] else ""
+
+
+def rotation_line(turn: int, world_sizes: list[int]) -> str:
+    """Where the size tiers ran and what of them rotated: every cell at 64 Ki, one a sweep at 1 Mi."""
+    from pytest_collectives.conformance.cases import tiers_at
+
+    tiered = [n for n in world_sizes if tiers_at(n, world_sizes)]
+    untiered = [n for n in world_sizes if n not in tiered]
+    return (
+        f"size tiers at {','.join(map(str, tiered))} ranks: every cell at 64 Ki, one cell a sweep at 1 Mi"
+        + (f" (97 elements only at {','.join(map(str, untiered))}); " if untiered else "; ")
+        + f"the 1 Mi cells and the layouts' dtypes turned at {turn}, each world size a turn further; "
+        f"--hypothesis-seed={turn} turns them there again"
+    )
 
 
 NAMED_AT_MOST = 8  # 1 Mi cells named in the summary; a whole run's are some 70 (the registered algorithms')
