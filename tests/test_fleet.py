@@ -175,11 +175,13 @@ def test_cli_writes_identical_files_in_any_order(sick_fleet, tmp_path, capsys):
     assert document["medians"][outlier["figure"]]["median"] == outlier["fleet_median"]
 
 
-def test_cli_as_a_module(sick_fleet, tmp_path):
+def test_the_fleet_command_as_typed(sick_fleet, tmp_path):
+    """``collectives-fleet``, the console script the package installs beside its Python."""
     _, paths = sick_fleet
     out = tmp_path / "new" / "dir"  # created
+    command = Path(sys.executable).parent / "collectives-fleet"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest_collectives.nodereport.fleet", *paths, "--out", str(out)],
+        [str(command), *paths, "--out", str(out)],
         capture_output=True,
         text=True,
     )

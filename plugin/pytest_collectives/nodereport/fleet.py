@@ -5,7 +5,7 @@ reference a node can get: the same figure measured on its siblings. A node's own
 link that is slow next to the node's other links; they cannot catch a node that is uniformly a little slow,
 or one whose collectives or benchmarks lag while its links look fine. The fleet can.
 
-    python -m pytest_collectives.nodereport.fleet nodes/*/report.json --out fleet/
+    collectives-fleet nodes/*/report.json --out fleet/
 
 Figures per node, each with the direction that is better:
 
@@ -182,7 +182,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m pytest_collectives.nodereport.fleet",
+        prog="collectives-fleet",
         description="Compare the node reports (report.json) of one topology and name the nodes slower than "
         "the fleet.",
     )
