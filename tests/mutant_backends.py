@@ -1,4 +1,4 @@
-"""Backends that are wrong on purpose: the reference backend (pytest_collectives.conformance.refbackend)
+"""Backends that are wrong on purpose: the reference backend (pytest_collectives.refbackend)
 with one real-world-shaped bug each, registered as ``mutant_<name>``. tests/test_capabilities.py runs the
 conformance suites on each and expects the bug caught, with a minimal example naming the operation; or,
 for the two that the suites must survive (a refusal that leaves a group call open, NaN skipped by MIN and
@@ -16,7 +16,7 @@ import torch._C._distributed_c10d as _options  # every op's options (torch.distr
 import torch.distributed as dist
 
 from pytest_collectives import backend_env_preset, declare
-from pytest_collectives.conformance.refbackend import NcclRulesBackend, ReferenceBackend, register
+from pytest_collectives.refbackend import NcclRulesBackend, ReferenceBackend, register
 
 
 class GatherPermutesRanks(ReferenceBackend):

@@ -44,7 +44,7 @@ python_backends = pytest.mark.skipif(
     ids=str,
 )
 def test_refusals_are_recognised(exc, backend):
-    import pytest_collectives.conformance.refbackend  # noqa: F401 - declares the reference backends' words
+    import pytest_collectives.refbackend  # noqa: F401 - declares the reference backends' words
 
     reason = refusal(exc, backend)
     assert reason and "\x02" not in reason
@@ -446,7 +446,7 @@ def test_a_barrier_that_does_not_wait_fails_every_time(pytester: pytest.Pytester
 
 VENDOR = """
 import torch.distributed as dist
-from pytest_collectives.conformance.refbackend import ReferenceBackend
+from pytest_collectives.refbackend import ReferenceBackend
 
 
 class Acme(ReferenceBackend):  # gloo underneath; its module forgot refuses("acme", like="gloo")
@@ -569,7 +569,7 @@ def test_a_group_a_test_left_in_a_group_call_is_replaced_before_the_next_test(
     pytester.makepyfile(
         declared="""
         from pytest_collectives.backends import clean_after_a_raise
-        from pytest_collectives.conformance.refbackend import NcclRulesBackend, register
+        from pytest_collectives.refbackend import NcclRulesBackend, register
 
         class Declared(NcclRulesBackend):
             name = "nccl_rules_declared_clean"
@@ -675,7 +675,7 @@ def test_a_backend_registered_for_another_device_is_a_usage_error_on_cpu(pyteste
     """What a backend runs on comes from its registration (``register_backend(devices=)``), not its name."""
     pytester.makepyfile(
         hpu_only="import torch.distributed as dist\n"
-        "from pytest_collectives.conformance.refbackend import ReferenceBackend\n"
+        "from pytest_collectives.refbackend import ReferenceBackend\n"
         "if 'HPUONLY' not in dist.Backend._plugins:\n"
         "    dist.Backend.register_backend('hpuonly', ReferenceBackend, devices=['hpu'])\n"
     )
@@ -757,7 +757,7 @@ def test_a_backend_installed_as_a_torch_backends_entry_point_needs_no_module(
     imported, in pytest's process and on every rank: ``--backend`` names it with no --backend-module."""
     pytester.makepyfile(
         acme_backend="def load():\n"
-        "    from pytest_collectives.conformance.refbackend import ReferenceBackend, register\n"
+        "    from pytest_collectives.refbackend import ReferenceBackend, register\n"
         "    register(type('Acme', (ReferenceBackend,), {'name': 'acme'}))\n",
         test_acme="import pytest, torch, torch.distributed as dist\n"
         "@pytest.mark.world_size(2)\n"

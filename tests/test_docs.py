@@ -85,7 +85,7 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 ACME = """
 import torch.distributed as dist
 from pytest_collectives import refuses
-from pytest_collectives.conformance.refbackend import ReferenceBackend
+from pytest_collectives.refbackend import ReferenceBackend
 
 class Acme(ReferenceBackend):
     name = "acme"

@@ -10,7 +10,7 @@ would for any backend that lacks them.
 ("Cannot use ReduceOp.BAND with NCCL"). The conformance suites must run green on it, those rows N/A: the
 CPU proof that ``pytest --gpus 8 suites/`` can pass on healthy GPUs.
 
-    pytest suites/conformance --backend-module pytest_collectives.conformance.refbackend --backend refgloo
+    pytest suites/conformance --backend-module pytest_collectives.refbackend --backend refgloo
 """
 
 from __future__ import annotations
