@@ -75,7 +75,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     },
     **{
         n: (f"conformance.{n}", None)
-        for n in ("known_bugs", "mismatches", "probing", "properties", "rotation", "training")
+        for n in ("mismatches", "probing", "properties", "rotation", "training")
     },
     **{
         n: ("conformance.training", n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,12 @@ def pytest_collectives_baseline_key(config: pytest.Config) -> Mapping[str, str] 
     node count): ``{dimension: value}``. They join the baseline's file name, ``<topology-id>/<name>+dim=value
     .json`` in key order, so each combination is recorded and judged apart. Called once per session, after
     collection, in the process that gates."""
+
+
+def pytest_collectives_known_bugs(config: pytest.Config) -> Sequence[str | os.PathLike[str]] | None:
+    """Known-bug manifests a plugin or conftest ships with its tests (the suites' own findings): paths read
+    as ``--known-bugs`` ones are, before the ini's and the command line's, so that those can drop an entry
+    of theirs. Called once, when pytest configures."""
 
 
 def merged_answers(hook: str, answers: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:

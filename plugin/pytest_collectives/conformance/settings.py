@@ -35,11 +35,13 @@ class ConformanceSettings:
     capability_json: str | None = None  # where to write the matrix
     compare_with: str | None = None  # --capability-compare's path, and its document
     before: dict[str, Any] | None = None
-    known_bugs: tuple[known_bugs.KnownBug, ...] = ()  # every manifest's entries, the ini's first
+    known_bugs: tuple[known_bugs.KnownBug, ...] = ()  # every manifest's: shipped, the ini's, the option's
 
 
 def read(config: pytest.Config) -> ConformanceSettings:
-    manifests = [*config.getini("known_bugs"), *config.getoption("known_bugs")]
+    answers = config.hook.pytest_collectives_known_bugs(config=config)
+    shipped = [path for paths in answers for path in paths or ()]
+    manifests = [*shipped, *config.getini("known_bugs"), *config.getoption("known_bugs")]
     try:
         bugs = tuple(bug for path in manifests for bug in known_bugs.load(path))
     except known_bugs.ManifestError as exc:
