@@ -22,7 +22,7 @@ from pytest_collectives.conformance import known_bugs, rotation
 from pytest_collectives.conformance.mismatches import SILENT
 from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
 from pytest_collectives.conformance.settings import ConformanceSettings
-from pytest_collectives.execution import configurations
+from pytest_collectives.execution import configurations, left_out
 from pytest_collectives.execution.examples import KNOWN as KNOWN_EXAMPLE
 
 if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
@@ -213,12 +213,9 @@ class CapabilityMatrix:
         return rows
 
     def collected(self, session: pytest.Session) -> None:
-        # pytest-benchmark's --benchmark-only skips every test without the benchmark fixture: a perf-only
-        # run asked for by that flag selects no conformance test, as one of suites/perf does
-        only = self.config.getoption("benchmark_only", False)
+        # a perf-only run asked for by --benchmark-only selects no conformance test, as one of suites/perf
         self.selected = sum(
-            item.get_closest_marker("conformance") is not None
-            and not (only and "benchmark" not in getattr(item, "fixturenames", ()))
+            item.get_closest_marker("conformance") is not None and not left_out.why(item)
             for item in session.items
         )
 
@@ -531,7 +528,8 @@ def rotation_line(turn: int, world_sizes: list[int]) -> str:
     tiered = [n for n in world_sizes if tiers_at(n, world_sizes)]
     untiered = [n for n in world_sizes if n not in tiered]
     return (
-        f"size tiers at {','.join(map(str, tiered))} ranks: every cell at 64 Ki, one cell a sweep at 1 Mi"
+        f"the sweeps' size tiers at {','.join(map(str, tiered))} ranks: every cell at 64 Ki, one cell a "
+        "sweep at 1 Mi"
         + (f" (97 elements only at {','.join(map(str, untiered))}); " if untiered else "; ")
         + f"the 1 Mi cells and the layouts' dtypes turned at {turn}, each world size a turn further; "
         f"--hypothesis-seed={turn} turns them there again"

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from pytest_collectives.errors import OptionError
+from pytest_collectives.execution import left_out
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 Env = tuple[tuple[str, str], ...]  # a configuration's variables, in the order given
@@ -123,7 +124,7 @@ class Coverage:
 
     def add(self, report: pytest.TestReport) -> None:
         configuration = dict(report.user_properties).get("backend_env")
-        if configuration is None:
+        if configuration is None or left_out.of_report(report):  # not asked to run
             return
         ran = report.failed or (report.when == "call" and report.passed)
         self.ran[configuration] = self.ran.get(configuration, 0) + int(ran)

@@ -22,7 +22,7 @@ import pytest
 from pytest_collectives.bench import shim as benchmark_shim
 from pytest_collectives.bench import side_by_side
 from pytest_collectives.bench.timing import BenchSpec, record
-from pytest_collectives.execution import configurations, examples, options
+from pytest_collectives.execution import configurations, examples, left_out, options
 from pytest_collectives.execution.configurations import Env
 from pytest_collectives.execution.messages import REJECTED, Task, stable_seed_of
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
@@ -410,6 +410,7 @@ class DistributedSession:
         if self.configuration.env and ("backend_env", self.configuration.id) not in item.user_properties:
             # on its reports (under xdist too) and in JUnit XML: which settings each outcome was under
             item.user_properties.append(("backend_env", self.configuration.id))
+        left_out.mark(item)
         for key in (_outcome_key, _KNOWN_SEEN, _EXAMPLES):
             if key in item.stash:
                 del item.stash[key]

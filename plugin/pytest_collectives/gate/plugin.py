@@ -170,6 +170,9 @@ class BaselineGate:
                 self.error = f"baseline error: {exc}"
         elif not self.error and self.settings.judging:
             self._no_silent_pass(f"no benchmark results to judge: {self._why_no_results()}")
+        elif not self.error and self.settings.save:  # asked to record the machine, it recorded nothing
+            why = self._why_no_results()
+            self.error = f"gate error: no benchmark results to save (--baseline-save): {why}"
         if self.error:
             self.lines.append(self.error)
             self.failed = True

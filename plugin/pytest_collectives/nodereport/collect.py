@@ -199,6 +199,9 @@ class NodeReport:
         from pytest_collectives.nodereport.write import write_report
         from pytest_collectives.topology.machine import link_class, topology_id
 
+        if why_not := _ran_nothing(session):
+            self.error = f"node report not written: {why_not}"  # a report says what ran, and nothing did
+            return
         gate_plugin = self.gate
         fingerprint = gate_plugin.machine()
         results = gate.collect_results(self.config)
@@ -264,3 +267,14 @@ class NodeReport:
             terminalreporter.write_line(f"node report: {self.directory / 'report.html'}")
         if self.error:
             terminalreporter.write_line(self.error)
+
+
+def _ran_nothing(session: pytest.Session) -> str:
+    """Why a session ran no test to report on, or "" where it ran."""
+    if session.config.option.collectonly:
+        return "--collect-only ran no test"
+    if session.exitstatus == pytest.ExitCode.USAGE_ERROR:
+        return "the session ended in a usage error before its tests"
+    if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        return "no test was selected"
+    return ""
