@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pytest_collectives.execution import left_out
 from pytest_collectives.execution.options import OptionError, Settings
 
 
@@ -60,13 +61,12 @@ class XdistWorker:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        smoke = self.config.getoption("benchmark_disable", False)
         bench = pytest.mark.skip(
             reason=f"benchmark not run under pytest-xdist ({self.name}): it needs the whole node; run "
             "benchmarks without -n (or add --benchmark-disable to run each once as a smoke test)"
         )
         for item in items:
-            if "benchmark" in getattr(item, "fixturenames", ()) and not smoke:
+            if left_out.why(item) == "pytest-xdist":
                 item.add_marker(bench)
             callspec = getattr(item, "callspec", None)
             n = callspec.params.get("world_size", 0) if callspec else 0
