@@ -230,3 +230,12 @@ def test_every_measurement_script_is_on_the_measurements_page_and_not_among_the_
     missing = [p.name for p in sorted(scripts.glob("*.py")) if f"`{p.name}`" not in page]
     assert scripts.is_dir() and not missing, f"docs/measurements/index.md does not name: {missing}"
     assert not [p.name for p in (ROOT / "tests").glob("bench_*.py")], "a measurement script among the tests"
+
+
+def test_the_hooks_page_holds_every_hook_spec() -> None:
+    """docs/hooks.md names the hook specs it renders: a spec added to newhooks.py is added there."""
+    from pytest_collectives import newhooks
+
+    specs = {name for name in vars(newhooks) if name.startswith("pytest_collectives_")}
+    page = (ROOT / "docs" / "hooks.md").read_text()
+    assert specs and not {name for name in specs if name not in page}, "docs/hooks.md lacks a hook spec"

@@ -2,10 +2,13 @@
 
 - ``{collectives-options}``: the plugin's ``pytest_addoption``, called with a recorder in place of pytest's
   parser (flags, ini names, help texts);
-- ``{collectives-contracts}``: ``registry.CONTRACTS``, how each algorithm operation is called."""
+- ``{collectives-contracts}``: ``registry.CONTRACTS``, how each algorithm operation is called;
+- ``{collectives-api}``: ``pytest_collectives.__all__``, each public name with what it is and the first line
+  of its docstring."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from docutils import nodes
@@ -83,7 +86,37 @@ class ContractsReference(SphinxDirective):
         return container.children
 
 
+def _kind(value: Any) -> str:
+    if inspect.ismodule(value):
+        return "module"
+    if inspect.isclass(value):
+        return "class"
+    if callable(value):
+        return "function"
+    return "constant"
+
+
+class ApiReference(SphinxDirective):
+    """A table of the public names, ``pytest_collectives.__all__``: what each is, where it lives, what for."""
+
+    def run(self) -> list[nodes.Node]:
+        import pytest_collectives
+
+        lines = ["```{list-table}", ":header-rows: 1", "", "* - name", "  - kind", "  - from", "  - for"]
+        for name in pytest_collectives.__all__:
+            value = getattr(pytest_collectives, name)
+            module, _ = pytest_collectives._PUBLIC[name]
+            said = inspect.getdoc(value) if _kind(value) != "constant" else None  # a tuple's is tuple's
+            doc = (said or "").split("\n\n")[0].replace("\n", " ")
+            lines += [f"* - `{name}`", f"  - {_kind(value)}", f"  - `{module}`", f"  - {doc}"]
+        lines.append("```")
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines, source="api"), self.content_offset, container)
+        return container.children
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("collectives-options", OptionsReference)
     app.add_directive("collectives-contracts", ContractsReference)
+    app.add_directive("collectives-api", ApiReference)
     return {"parallel_read_safe": True}
