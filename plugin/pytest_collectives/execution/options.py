@@ -200,8 +200,10 @@ def _device_and_backend(text: str, gpus: int) -> tuple[str, str]:
     return device_type, _backend(text, device_type)
 
 
-def _world_sizes(text: str, gpus: int) -> tuple[int, ...]:
+def _world_sizes(text: str, gpus: int, world: int) -> tuple[int, ...]:
     if not text:
+        if world:  # torchrun's or srun's: 2, 3, 4, 8 where they fit, and the whole world
+            return tuple(sorted({n for n in GPU_WORLD_SIZES if 1 < n <= world} | {world}))
         if not gpus:
             return CPU_WORLD_SIZES
         return tuple(sorted({n for n in GPU_WORLD_SIZES if n <= gpus} | {gpus}))
@@ -215,7 +217,7 @@ def _world_sizes(text: str, gpus: int) -> tuple[int, ...]:
         raise OptionError(f"--world-sizes {text}: every world size must be at least 1 rank")
     if len(set(sizes)) != len(sizes):
         raise OptionError(f"--world-sizes {text}: a world size is listed twice; list each once")
-    if gpus and max(sizes) > gpus:
+    if gpus and not world and max(sizes) > gpus:  # a world of several nodes has more ranks than GPUs here
         raise OptionError(
             f"--world-sizes {text}: {max(sizes)} ranks need {max(sizes)} GPUs but --gpus is {gpus}"
         )
@@ -234,9 +236,19 @@ def _timeout(text: str) -> float:
     return timeout
 
 
-def resolve(values: dict[str, str], count_gpus: Callable[[], int]) -> Settings:
-    """Settings from option texts (command line over ini); ``count_gpus`` is only called for --gpus > 0."""
+def resolve(
+    values: dict[str, str], count_gpus: Callable[[], int], world: int = 0, per_node: int = 0
+) -> Settings:
+    """Settings from option texts (command line over ini); ``count_gpus`` is only called for --gpus > 0.
+    ``world``, ``per_node``: the ranks torchrun or srun started (SPMD mode), and how many of them run on each
+    node: the largest group and the world sizes' default, each node's ranks driving its GPUs (--gpus counts
+    this node's)."""
     gpus = _gpus(values["gpus"], count_gpus)
+    if gpus and per_node > gpus:
+        raise OptionError(
+            f"--gpus {gpus}: {per_node} ranks per node need a GPU each; use --gpus {per_node} or start fewer "
+            "ranks per node"
+        )
     modules = backend_modules(values["backend_module"])  # before the presets: a module may add its own
     device_type, backend = _device_and_backend(values["backend"], gpus)
     return Settings(
@@ -245,6 +257,7 @@ def resolve(values: dict[str, str], count_gpus: Callable[[], int]) -> Settings:
         backend=backend,
         device_type=device_type,
         backend_modules=modules,
-        world_sizes=_world_sizes(values["world_sizes"], gpus),
+        world_sizes=_world_sizes(values["world_sizes"], gpus, world),
         timeout_s=_timeout(values["dist_timeout"]),
+        largest=world,
     )

@@ -173,29 +173,7 @@ def settings_for(values: dict[str, str], env: SpmdEnv, count_gpus: Callable[[], 
             "--backend-env: torchrun or srun started these ranks once, with one environment; run a sweep "
             "without them (pooled groups), or set the variables in the environment they start"
         )
-    gpus = options._gpus(values["gpus"], count_gpus)
-    if gpus and env.local_world_size > gpus:
-        raise options.OptionError(
-            f"--gpus {gpus}: {env.local_world_size} ranks per node need a GPU each; use --gpus "
-            f"{env.local_world_size} or start fewer ranks per node"
-        )
-    if values["world_sizes"]:
-        sizes = options._world_sizes(values["world_sizes"], 0)
-    else:
-        sizes = tuple(
-            sorted({n for n in options.GPU_WORLD_SIZES if 1 < n <= env.world_size} | {env.world_size})
-        )
-    modules = options.backend_modules(values["backend_module"])
-    device_type, backend = options._device_and_backend(values["backend"], gpus)
-    return options.Settings(
-        gpus=gpus,
-        backend=backend,
-        device_type=device_type,
-        backend_modules=modules,
-        world_sizes=sizes,
-        timeout_s=options._timeout(values["dist_timeout"]),
-        largest=env.world_size,
-    )
+    return options.resolve(values, count_gpus, world=env.world_size, per_node=env.local_world_size)
 
 
 def first_difference(lists: list[list[str]]) -> str | None:
