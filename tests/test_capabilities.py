@@ -357,6 +357,10 @@ def test_a_layout_moved_as_if_dense_fails_the_layout_test(
     assert named and all(("dtype=torch.float32," in line) == wrong_in_float32 for line in named), named
 
 
+# the every-cell sweep of the backend's own all_reduce (not the rings, which send and receive)
+EVERY_ALL_REDUCE = ("test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring")
+
+
 def turn_to_int32_sum(pytester: pytest.Pytester, backend: str) -> int:
     """The turn at which every_cell's 1 Mi tier stands at all_reduce int32 SUM on ``backend`` (probed)."""
     probe = run_on_backend(
@@ -381,8 +385,7 @@ def test_a_cell_wrong_only_at_1_mi_is_caught_where_the_seed_turns_the_tier_to_it
     backend = "mutant_large_int32_sum_unreduced"
     seed = turn_to_int32_sum(pytester, backend) - 2  # the turn is the seed plus the world size
     result = run_on_backend(
-        pytester, backend, "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring",
-        "--world-sizes", "2", f"--hypothesis-seed={seed}",
+        pytester, backend, *EVERY_ALL_REDUCE, "--world-sizes", "2", f"--hypothesis-seed={seed}",
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
@@ -400,8 +403,7 @@ def test_a_cell_wrong_only_at_64_ki_is_caught_at_every_seed(pytester, seed: int)
     """float32 all_reduce PRODUCT wrong at exactly 64 Ki elements: every cell runs at 64 Ki in every run, so
     each seed's run fails, naming it (the 64 Ki tier once rotated a dtype's reduce op: 2 runs in 5)."""
     result = run_on_backend(
-        pytester, "mutant_float32_product_wrong_at_64ki", "test_every_cell.py",
-        "-k", "every_supported_cell and all_reduce and not ring", "--world-sizes", "2",
+        pytester, "mutant_float32_product_wrong_at_64ki", *EVERY_ALL_REDUCE, "--world-sizes", "2",
         f"--hypothesis-seed={seed}",
     )  # fmt: skip
     result.assert_outcomes(failed=1)
@@ -420,8 +422,8 @@ def test_a_soak_s_replay_commands_reproduce_their_failures_as_typed(pytester, mo
     backend = "mutant_large_int32_sum_unreduced"
     seed = turn_to_int32_sum(pytester, backend) - 3
     soak = run_on_backend(
-        pytester, backend, "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring",
-        "--world-sizes", "2,3", f"--hypothesis-seed={seed}", "--soak", "1s",
+        pytester, backend, *EVERY_ALL_REDUCE, "--world-sizes", "2,3", f"--hypothesis-seed={seed}", "--soak",
+        "1s",
     )  # fmt: skip
     out = soak.stdout.str()
     replays = re.findall(r"failed in \d+ of \d+ passes, .*; replay: (pytest .+)$", out, re.M)
@@ -465,7 +467,7 @@ def test_a_backend_failing_in_another_backends_refusal_words_is_told_how_to_decl
     copy_suite(pytester.path)
     result = pytester.runpytest(
         "--backend-module", "acme_backend", "--backend", "acme", "--world-sizes", "2", "-p",
-        "no:cacheprovider", "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring",
+        "no:cacheprovider", *EVERY_ALL_REDUCE,
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     assert not unshown(block_of("docs/extending.md", "refusal words").text, result.stdout.str())

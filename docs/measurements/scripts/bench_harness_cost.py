@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the tests' helpers (module_task)
+
 ALL_REDUCE_BODY = """\
     t = torch.ones(1)
     dist.all_reduce(t)
@@ -150,7 +152,6 @@ PHASES = (
 
 def phases(n: int, body: str, k: int) -> dict[str, float]:
     """Median seconds of each of PHASES over ``k`` calls of a test whose body is ``body`` (rank 0's)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the tests' helpers
     from helpers import module_task
 
     from pytest_collectives.execution.pool import GroupPool
