@@ -232,10 +232,23 @@ def test_every_measurement_script_is_on_the_measurements_page_and_not_among_the_
     assert not [p.name for p in (ROOT / "tests").glob("bench_*.py")], "a measurement script among the tests"
 
 
-def test_the_hooks_page_holds_every_hook_spec() -> None:
-    """docs/hooks.md names the hook specs it renders: a spec added to newhooks.py is added there."""
-    from pytest_collectives import newhooks
-
-    specs = {name for name in vars(newhooks) if name.startswith("pytest_collectives_")}
-    page = (ROOT / "docs" / "hooks.md").read_text()
-    assert specs and not {name for name in specs if name not in page}, "docs/hooks.md lacks a hook spec"
+def test_the_reference_sections_are_what_the_plugin_declares() -> None:
+    """The options, hook specs, public names and algorithm contracts written into the pages are the
+    plugin's own: an option, spec or name added or changed and not written there fails here."""
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import plugin_reference
+    finally:
+        sys.path.pop(0)
+    holding = {}
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        page = path.read_text(encoding="utf-8")
+        holding.update(
+            {name: path.name for name in plugin_reference.SECTIONS if f"generated: {name} " in page}
+        )
+        assert plugin_reference.rewritten(page) == page, (
+            f"docs/{path.name}: a generated section is out of date; run python docs/_ext/plugin_reference.py"
+        )
+    assert set(holding) == set(plugin_reference.SECTIONS), holding
+    hooks = (ROOT / "docs" / "hooks.md").read_text()
+    assert "## `pytest_collectives_known_bugs(config)`" in hooks  # the specs are there, not an empty list

@@ -17,6 +17,7 @@ from docblocks import ALL
 
 import pytest_collectives
 
+ADDS = re.compile(r"\.add(option|ini)\(")
 ROOT = Path(pytest_collectives.__file__).parent
 PROJECT = Path(__file__).parent.parent
 
@@ -117,7 +118,7 @@ def test_one_concern_per_subpackage():
     top = {p.name for p in ROOT.iterdir() if p.suffix == ".py"}
     # The entry point, its hook specs and the session's one owner (run.py), what several concerns share, and
     # the reference backends under the stable name users give --backend-module.
-    shared = {"atomic.py", "errors.py", "devices.py", "backends.py"}
+    shared = {"atomic.py", "errors.py", "option.py", "devices.py", "backends.py"}
     assert top == {"__init__.py", "hooks.py", "newhooks.py", "run.py", "refbackend.py", *shared}, top
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     concerns = {
@@ -245,3 +246,14 @@ def test_the_run_alone_implements_the_session_level_hooks():
         if f"def {hook}(" in path.read_text()
     ]
     assert not found, found
+
+
+def test_options_are_declared_in_one_shape_and_a_bad_value_takes_one_path():
+    """Every option and ini setting is an ``option.Option`` of a concern's settings module (only option.py
+    calls pytest's addoption and addini), and a bad value is an OptionError there: pytest's usage error is
+    raised by the entry point alone, which converts it, and by the two checks that are not options (the
+    forkserver's start method, the topology the gate detects)."""
+    declaring = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py") if ADDS.search(p.read_text())}
+    assert declaring == {"option.py"}, declaring
+    raising = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py") if "UsageError" in p.read_text()}
+    assert raising == {"hooks.py", "execution/forkserver.py", "gate/plugin.py"}, raising

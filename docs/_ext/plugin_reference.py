@@ -1,20 +1,29 @@
-"""Reference tables read from the plugin itself, so the pages can't drift from it:
+"""The reference sections of the docs, written from the plugin itself into the pages, so that a page reads
+the same in the repository as in the built site, and can't drift from the plugin: ``tests/test_docs.py``
+fails when a section differs from what this script writes. After changing an option, a hook spec, a public
+name or an algorithm contract, run ``python docs/_ext/plugin_reference.py``.
 
-- ``{collectives-options}``: the plugin's ``pytest_addoption``, called with a recorder in place of pytest's
-  parser (flags, ini names, help texts);
-- ``{collectives-contracts}``: ``registry.CONTRACTS``, how each algorithm operation is called;
-- ``{collectives-api}``: ``pytest_collectives.__all__``, each public name with what it is and the first line
-  of its docstring."""
+A section sits between ``<!-- generated: NAME -->`` and ``<!-- end of generated -->``:
+
+- ``options``: the plugin's ``pytest_addoption``, called with a recorder in place of pytest's parser (flags,
+  ini names, help texts);
+- ``hooks``: the hook specs of ``newhooks.py``, each with its signature and docstring;
+- ``api``: ``pytest_collectives.__all__``, each public name with what it is and its docstring's first line;
+- ``contracts``: ``registry.CONTRACTS``, how each algorithm operation is called.
+"""
 
 from __future__ import annotations
 
 import inspect
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from docutils import nodes
-from docutils.statemachine import StringList
-from sphinx.application import Sphinx
-from sphinx.util.docutils import SphinxDirective
+DOCS = Path(__file__).resolve().parents[1]
+START = "<!-- generated: {} -->"
+END = "<!-- end of generated -->"
 
 
 class _Recorder:
@@ -34,56 +43,40 @@ class _Recorder:
         self.ini[name] = help
 
 
-def recorded() -> _Recorder:
+def _text(rst: str) -> str:
+    """A help text or docstring as Markdown: argparse's ``%%``, RST's double backquotes, no stray tags."""
+    return re.sub(r"``(.+?)``", r"`\1`", rst.replace("%%", "%")).replace("<topology-id>", "\\<topology-id\\>")
+
+
+def options() -> list[str]:
     from pytest_collectives import hooks
 
     recorder = _Recorder()
     hooks.pytest_addoption(recorder)  # type: ignore[arg-type]
-    return recorder
+    lines, flagged = [], set()
+    for flags, kwargs in recorder.options:
+        help_text = kwargs.get("help", "")
+        ini = next((name for name in recorder.ini if help_text.endswith(f"; ini: {name}")), "")
+        flagged.add(ini)
+        metavar = kwargs.get("metavar") or ("" if kwargs.get("action") not in (None, "store") else "VALUE")
+        where = f" (ini `{ini}`)" if ini else ""
+        said = _text(help_text.removesuffix(f"; ini: {ini}"))
+        lines.append(f"- `{flags} {metavar}`{where}: {said}" if metavar else f"- `{flags}`{where}: {said}")
+    lines += ["", "Ini names with no command-line flag:", ""]
+    lines += [f"- `{name}`: {_text(text)}" for name, text in recorder.ini.items() if name not in flagged]
+    return lines
 
 
-def _text(help_text: str) -> str:
-    return help_text.replace("%%", "%")  # argparse's escape
+def hooks() -> list[str]:
+    from pytest_collectives import newhooks
 
-
-class OptionsReference(SphinxDirective):
-    """A table of every command-line option and, below it, the ini names that have no flag."""
-
-    def run(self) -> list[nodes.Node]:
-        recorder = recorded()
-        # a list-table, not a pipe table: a metavar such as PATH|ID holds a pipe
-        lines = ["```{list-table}", ":header-rows: 1", "", "* - option", "  - ini", "  - meaning"]
-        flagged = set()
-        for flags, kwargs in recorder.options:
-            help_text = kwargs.get("help", "")
-            ini = next((name for name in recorder.ini if help_text.endswith(f"; ini: {name}")), "")
-            flagged.add(ini)
-            metavar = kwargs.get("metavar") or ("" if kwargs.get("action") else "VALUE")
-            lines += [
-                f"* - `{flags} {metavar}`" if metavar else f"* - `{flags}`",
-                f"  - `{ini}`" if ini else "  -",
-                f"  - {_text(help_text.removesuffix(f'; ini: {ini}'))}",
-            ]
-        lines += ["```", "", "Ini names with no command-line flag:", ""]
-        lines += [f"- `{name}`: {_text(text)}" for name, text in recorder.ini.items() if name not in flagged]
-        container = nodes.container()
-        self.state.nested_parse(StringList(lines, source="options_reference"), self.content_offset, container)
-        return container.children
-
-
-class ContractsReference(SphinxDirective):
-    """A table of the operations a registered algorithm may implement: how it is called, what it must do."""
-
-    def run(self) -> list[nodes.Node]:
-        from pytest_collectives.algorithms.registry import CONTRACTS
-
-        lines = ["```{list-table}", ":header-rows: 1", "", "* - operation", "  - called as", "  - must"]
-        for operation, contract in CONTRACTS.items():
-            lines += [f"* - `{operation}`", f"  - `{contract.call}`", f"  - {contract.must}"]
-        lines.append("```")
-        container = nodes.container()
-        self.state.nested_parse(StringList(lines, source="contracts"), self.content_offset, container)
-        return container.children
+    lines: list[str] = []
+    for name, spec in vars(newhooks).items():
+        if name.startswith("pytest_collectives_"):
+            arguments = ", ".join(inspect.signature(spec).parameters)
+            said = _text(" ".join((inspect.getdoc(spec) or "").split()))
+            lines += [f"## `{name}({arguments})`", "", said, ""]
+    return lines[:-1]
 
 
 def _kind(value: Any) -> str:
@@ -91,32 +84,58 @@ def _kind(value: Any) -> str:
         return "module"
     if inspect.isclass(value):
         return "class"
-    if callable(value):
-        return "function"
-    return "constant"
+    return "function" if callable(value) else "constant"
 
 
-class ApiReference(SphinxDirective):
-    """A table of the public names, ``pytest_collectives.__all__``: what each is, where it lives, what for."""
+def api() -> list[str]:
+    import pytest_collectives
 
-    def run(self) -> list[nodes.Node]:
-        import pytest_collectives
-
-        lines = ["```{list-table}", ":header-rows: 1", "", "* - name", "  - kind", "  - from", "  - for"]
-        for name in pytest_collectives.__all__:
-            value = getattr(pytest_collectives, name)
-            module, _ = pytest_collectives._PUBLIC[name]
-            said = inspect.getdoc(value) if _kind(value) != "constant" else None  # a tuple's is tuple's
-            doc = (said or "").split("\n\n")[0].replace("\n", " ")
-            lines += [f"* - `{name}`", f"  - {_kind(value)}", f"  - `{module}`", f"  - {doc}"]
-        lines.append("```")
-        container = nodes.container()
-        self.state.nested_parse(StringList(lines, source="api"), self.content_offset, container)
-        return container.children
+    lines = []
+    for name in pytest_collectives.__all__:
+        value = getattr(pytest_collectives, name)
+        module, _ = pytest_collectives._PUBLIC[name]
+        said = inspect.getdoc(value) if _kind(value) != "constant" else None  # a tuple's is tuple's
+        first = " ".join(_text(said or "").split("\n\n")[0].split())
+        lines.append(f"- `{name}` ({_kind(value)}, from `{module}`)" + (f": {first}" if first else ""))
+    return lines
 
 
-def setup(app: Sphinx) -> dict[str, Any]:
-    app.add_directive("collectives-options", OptionsReference)
-    app.add_directive("collectives-contracts", ContractsReference)
-    app.add_directive("collectives-api", ApiReference)
-    return {"parallel_read_safe": True}
+def contracts() -> list[str]:
+    from pytest_collectives.algorithms.registry import CONTRACTS
+
+    return [f"- `{operation}`: called as `{c.call}`; it must {c.must}" for operation, c in CONTRACTS.items()]
+
+
+SECTIONS: dict[str, Callable[[], list[str]]] = {
+    "options": options,
+    "hooks": hooks,
+    "api": api,
+    "contracts": contracts,
+}
+
+
+def rewritten(page: str) -> str:
+    """``page`` with each generated section it holds written afresh."""
+    for name, write in SECTIONS.items():
+        start = START.format(name)
+        if start in page:
+            before, rest = page.split(start, 1)
+            _, after = rest.split(END, 1)
+            page = "\n".join([before + start, *write(), END]) + after
+    return page
+
+
+def main() -> int:
+    changed = []
+    for path in sorted(DOCS.glob("*.md")):
+        page = path.read_text(encoding="utf-8")
+        new = rewritten(page)
+        if new != page:
+            path.write_text(new, encoding="utf-8")
+            changed.append(path.name)
+    print("rewrote " + ", ".join(changed) if changed else "every generated section is current")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,7 @@ from pytest_collectives.algorithms import registry
 from pytest_collectives.conformance import known_bugs, probing
 from pytest_collectives.conformance import settings as conformance_settings
 from pytest_collectives.conformance.matrix import CapabilityMatrix
+from pytest_collectives.errors import OptionError
 from pytest_collectives.execution import configurations, options, soak, spmd
 from pytest_collectives.execution import xdist as xdist_support
 from pytest_collectives.execution.session import (
@@ -33,6 +34,8 @@ from pytest_collectives.execution.session import (
 from pytest_collectives.gate import plugin as gate
 from pytest_collectives.gate import settings as gate_settings
 from pytest_collectives.nodereport import collect as session_report
+from pytest_collectives.nodereport import settings as report_settings
+from pytest_collectives.option import declare
 from pytest_collectives.run import Run
 
 __all__ = ["pg", "world_size"]  # the fixtures, found here by pytest
@@ -46,16 +49,14 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("collectives", "distributed worker groups (pytest-collectives)")
-    for name, help_text, default in options.OPTIONS:
-        flag = "--" + name.replace("_", "-")
-        action = "append" if name in options.REPEATABLE else "store"
-        dest = f"collectives_{name}"
-        group.addoption(flag, dest=dest, action=action, default=None, help=f"{help_text}; ini: {name}")
-        parser.addini(name, help_text, default=default)
-    gate_settings.addoptions(parser, group)
-    conformance_settings.addoptions(parser, group)
-    soak.addoptions(group)
-    session_report.addoptions(group)
+    declare(
+        parser,
+        group,
+        options.OPTIONS,
+        gate_settings.OPTIONS,
+        conformance_settings.OPTIONS,
+        report_settings.OPTIONS,
+    )
 
 
 _KNOWN_BUGS = pytest.StashKey[list[known_bugs.KnownBug]]()
@@ -78,6 +79,13 @@ def _expect_groups(config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        _configure(config)
+    except (OptionError, spmd.SpmdError) as exc:  # every bad option value's one path to the user
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "world_size(*sizes): run the test body on every rank of a process group of each size "
@@ -90,25 +98,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(known_bugs, "collectives-known-bugs")  # judges their failures
     config.pluginmanager.register(configurations, "collectives-configurations")  # its fixture
     config.add_cleanup(registry.forget_session)
-    values = {}
-    for name, _, _ in options.OPTIONS:
-        value = config.getoption(f"collectives_{name}")
-        if isinstance(value, list):  # a repeatable option's values, one a line as in the ini
-            value = "\n".join(value)
-        values[name] = str(value if value is not None else config.getini(name)).strip()
-    try:
-        env = spmd.detect(os.environ)
-        # under xdist the workers start their own; a collection alone starts no group
-        if env is None and not getattr(config.option, "numprocesses", None) and not config.option.collectonly:
-            _expect_groups(config)
-        if env is None:
-            settings = options.resolve(values, options.count_accelerators)
-        else:
-            settings = spmd.settings_for(values, env, options.count_accelerators)
-        xdist_support.configure(config, settings, os.environ)
-    except (options.OptionError, spmd.SpmdError) as exc:
-        raise pytest.UsageError(str(exc)) from None
+    # every option is read and checked first, before any part is made
+    values = options.texts(config)
+    env = spmd.detect(os.environ)
+    under_xdist = bool(getattr(config.option, "numprocesses", None))
+    soak_s = options.soak_seconds(values["soak"], spmd_mode=env is not None, under_xdist=under_xdist)
+    gate_read, report_dir = gate_settings.read(config), report_settings.read(config)
     conformance = conformance_settings.read(config)
+    # under xdist the workers start their own; a collection alone starts no group
+    if env is None and not under_xdist and not config.option.collectonly:
+        _expect_groups(config)
+    if env is None:
+        settings = options.resolve(values, options.count_accelerators)
+    else:
+        settings = spmd.settings_for(values, env, options.count_accelerators)
+    xdist_support.configure(config, settings, os.environ)
     config.stash[_KNOWN_BUGS] = list(conformance.known_bugs)
     known_bugs.remember(config, conformance.known_bugs)  # what drops an inherited entry holds from the start
     if env is None:
@@ -122,7 +126,6 @@ def pytest_configure(config: pytest.Config) -> None:
     session = DistributedSession(config, settings, launcher)
     config.stash[SESSION] = session
     config.pluginmanager.register(session, "collectives-session")
-    soak_s = soak.requested(config, spmd_mode=env is not None)
     if xdist_support.worker(os.environ) is not None:
         # its matrix goes to the controller (xdist.XdistController), which reports for the session
         matrix = CapabilityMatrix(config, settings.backend, conformance, worker=True)
@@ -137,11 +140,11 @@ def pytest_configure(config: pytest.Config) -> None:
     matrix = CapabilityMatrix(config, settings.backend, conformance)
     config.stash[probing.MATRIX] = matrix
     config.pluginmanager.register(matrix, "collectives-capabilities")
-    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
+    if config.pluginmanager.hasplugin("xdist") and under_xdist:
         controller = xdist_support.XdistController(session, matrix)
         config.pluginmanager.register(controller, "collectives-xdist-controller")
     baseline_gate = gate.BaselineGate(
-        config, gate_settings.read(config), settings.backend, settings.gpus, can_remeasure=env is None
+        config, gate_read, settings.backend, settings.gpus, can_remeasure=env is None
     )
     config.pluginmanager.register(baseline_gate, "collectives-gate")
     soaking = None
@@ -152,9 +155,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if isinstance(launcher, spmd.SpmdLauncher):
         launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank
     report = None
-    if config.getoption("node_report"):
-        directory = config.getoption("node_report")
-        report = session_report.NodeReport(config, directory, settings.gpus, baseline_gate, matrix, soaking)
+    if report_dir is not None:
+        report = session_report.NodeReport(config, report_dir, settings.gpus, baseline_gate, matrix, soaking)
         config.pluginmanager.register(report, "collectives-node-report")
     # the session-level hooks are the run's alone, over these parts, in one order (run.py)
     config.pluginmanager.register(Run(session, matrix, baseline_gate, soaking, report), "collectives-run")

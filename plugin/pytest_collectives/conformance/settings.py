@@ -11,23 +11,19 @@ from typing import Any
 import pytest
 
 from pytest_collectives.conformance import known_bugs
+from pytest_collectives.errors import OptionError
+from pytest_collectives.option import Option
 
 OPTIONS = (
-    ("--capability-json", {"metavar": "PATH", "help": "write the conformance capability matrix (operation "
-                           "x dtype x reduce op) as JSON to PATH"}),
-    ("--capability-compare", {"metavar": "PATH", "help": "compare the capability matrix with an earlier "
-                              "run's --capability-json (before and after a driver or firmware upgrade): one "
-                              "line per cell whose status changed"}),
-    ("--known-bugs", {"metavar": "PATH", "action": "append", "default": [], "help": "a JSON manifest of "
-                      "known backend bugs (tests that are strict xfails on named backends); repeatable; "
-                      "ini: known_bugs"}),
+    Option("capability_json", "write the conformance capability matrix (operation x dtype x reduce op) as "
+           "JSON to PATH", metavar="PATH"),
+    Option("capability_compare", "compare the capability matrix with an earlier run's --capability-json "
+           "(before and after a driver or firmware upgrade): one line per cell whose status changed",
+           metavar="PATH"),
+    Option("known_bugs", "a JSON manifest of known backend bugs (tests that are strict xfails on named "
+           "backends); repeatable, and added to the ini's and the suites' own", metavar="PATH",
+           action="append", ini="paths"),
 )  # fmt: skip
-
-
-def addoptions(parser: pytest.Parser, group: Any) -> None:
-    for flag, kwargs in OPTIONS:
-        group.addoption(flag, **kwargs)
-    parser.addini("known_bugs", "JSON manifests of known backend bugs", type="paths", default=[])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,11 +37,11 @@ class ConformanceSettings:
 def read(config: pytest.Config) -> ConformanceSettings:
     answers = config.hook.pytest_collectives_known_bugs(config=config)
     shipped = [path for paths in answers for path in paths or ()]
-    manifests = [*shipped, *config.getini("known_bugs"), *config.getoption("known_bugs")]
+    manifests = [*shipped, *config.getini("known_bugs"), *(config.getoption("known_bugs") or ())]
     try:
         bugs = tuple(bug for path in manifests for bug in known_bugs.load(path))
     except known_bugs.ManifestError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        raise OptionError(str(exc)) from None
     path = config.getoption("capability_compare")
     return ConformanceSettings(config.getoption("capability_json"), path, saved(path), bugs)
 
@@ -57,9 +53,9 @@ def saved(path: str | None) -> dict[str, Any] | None:
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise pytest.UsageError(f"--capability-compare {path}: not readable JSON ({exc})") from None
+        raise OptionError(f"--capability-compare {path}: not readable JSON ({exc})") from None
     if not (isinstance(doc, dict) and isinstance(doc.get("cells"), list)):
-        raise pytest.UsageError(
+        raise OptionError(
             f"--capability-compare {path}: not a capability matrix (--capability-json writes one)"
         )
     return doc

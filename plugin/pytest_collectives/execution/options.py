@@ -1,13 +1,18 @@
-"""The plugin's options: parsed and checked here, as plain functions, so every bad value has one message."""
+"""Execution's options (the groups, the backend, the soak): declared, parsed and checked here, as plain
+functions, so every bad value has one message."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from collections.abc import Callable
+
+import pytest
 
 from pytest_collectives.errors import OptionError
 from pytest_collectives.execution.configurations import Configuration, parse
+from pytest_collectives.option import Option
 
 CPU_WORLD_SIZES = (2, 3, 4)  # an odd size catches ring off-by-ones; 4 ranks still fit 2 cores
 # One rank is a world size too: NCCL has had one-rank bugs (issue 1950, a bf16 AVG tail left unreduced),
@@ -15,49 +20,79 @@ CPU_WORLD_SIZES = (2, 3, 4)  # an odd size catches ring off-by-ones; 4 ranks sti
 GPU_WORLD_SIZES = (1, 2, 3, 4, 8)
 DEFAULT_TIMEOUT_S = 120.0
 
-# (name, help, default as ini text)
+# each also an ini setting; the flag's value lands in collectives_<name>
 OPTIONS = (
-    (
+    Option(
         "gpus",
         "run distributed tests on N accelerators (torch.accelerator: CUDA GPUs, XPUs, ...) with one rank "
         "per device (default 0: CPU ranks)",
-        "0",
+        default="0",
+        ini="string",
+        metavar="N",
+        dest="collectives_gpus",
     ),
-    (
+    Option(
         "backend",
         "torch.distributed backend: any this torch has (gloo, nccl, ucc, mpi, xccl), one registered with "
         "Backend.register_backend, or 'cpu:gloo,cuda:nccl' (default: torch's backend for the device type: "
         "nccl on CUDA GPUs, xccl on XPUs, gloo on CPU)",
-        "",
+        default="",
+        ini="string",
+        metavar="NAME",
+        dest="collectives_backend",
     ),
-    (
+    Option(
         "backend_module",
         "modules imported before any process group starts, in pytest and on every rank, e.g. one that "
         "registers a backend with Backend.register_backend (comma-separated)",
-        "",
+        default="",
+        ini="string",
+        metavar="MODULES",
+        dest="collectives_backend_module",
     ),
-    (
+    Option(
         "world_sizes",
         "comma-separated world sizes for tests marked world_size() with no sizes (default 2,3,4 on CPU, an "
         "odd size catching ring off-by-ones; with GPUs, those of 1,2,3,4,8 that fit, and the GPU count)",
-        "",
+        default="",
+        ini="string",
+        metavar="SIZES",
+        dest="collectives_world_sizes",
     ),
-    (
+    Option(
         "dist_timeout",
         "seconds a distributed test may run before its ranks count as hung: every rank's stack is shown and "
         "its group replaced (default 120)",
-        "120",
+        default="120",
+        ini="string",
+        metavar="SECONDS",
+        dest="collectives_dist_timeout",
     ),
-    (
+    Option(
         "backend_env",
         "run the distributed tests once per backend setting: NAME=V1,V2 (environment variables the worker "
         "groups start with; repeatable: every combination) or a preset (nccl-proto, nccl-algo, nccl-p2p, "
         "nccl-shm, nccl-nvls, gloo-transport, gloo-lazy-init, or a backend module's own); ini: one a line",
-        "",
+        default="",
+        ini="string",
+        action="append",
+        metavar="SETTING",
+        dest="collectives_backend_env",
+    ),
+    Option(
+        "soak",
+        "burn-in: run the selected tests again and again (a fresh hypothesis seed each pass, the same "
+        "worker groups) until DURATION (240s, 30m, 8h) is spent or Ctrl-C, then report each failure's "
+        "rate, first time and replay command",
+        metavar="DURATION",
     ),
 )
-# options that may be given more than once; their ini value has one a line
-REPEATABLE = ("backend_env",)
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def texts(config: pytest.Config) -> dict[str, str]:
+    """Each option's text, the command line over the ini: what ``resolve`` and ``soak_seconds`` parse."""
+    return {option.name: option.text(config) for option in OPTIONS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,3 +296,24 @@ def resolve(
         timeout_s=_timeout(values["dist_timeout"]),
         largest=world,
     )
+
+
+def duration(text: str) -> float:
+    """Seconds of ``240s``, ``30m``, ``8h`` or a plain number of seconds; a bad one is a one-line error."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not found or float(found.group(1)) <= 0:
+        raise OptionError(f"--soak {text}: expected a duration such as 240s, 30m or 8h")
+    return float(found.group(1)) * _UNITS[found.group(2) or "s"]
+
+
+def soak_seconds(text: str, spmd_mode: bool, under_xdist: bool) -> float | None:
+    """The seconds --soak asks for (None without it); an error where it can't run (a bad duration,
+    pytest-xdist, SPMD mode)."""
+    if not text:
+        return None
+    if spmd_mode or under_xdist:
+        raise OptionError(
+            "--soak runs the tests pass after pass in this pytest: drop -n (pytest-xdist), and torchrun "
+            "or srun"
+        )
+    return duration(text)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 import shlex
 import time
 from typing import Any
@@ -27,19 +26,10 @@ import pytest
 from pytest_collectives.bench import side_by_side
 from pytest_collectives.execution import configurations, options
 
-_UNITS = {"s": 1, "m": 60, "h": 3600}
 PROGRESS_EVERY_S = 60.0  # a pass is said when it failed, else at most once a minute
 TRIES_AT_A_DRAW = 3  # a failing test's runs at one draw: the pass's and two more
 # a test's first failing draws tried again: each replays the example database's failures and shrinks
 DRAWS_TRIED = 2
-
-
-def duration(text: str) -> float:
-    """Seconds of ``240s``, ``30m``, ``8h`` or a plain number of seconds; a bad one is a one-line error."""
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
-    if not found or float(found.group(1)) <= 0:
-        raise options.OptionError(f"--soak {text}: expected a duration such as 240s, 30m or 8h")
-    return float(found.group(1)) * _UNITS[found.group(2) or "s"]
 
 
 def clock(seconds: float) -> str:
@@ -91,32 +81,6 @@ def replay(
     for name, value in configuration.env:
         args += ["--backend-env", f"{name}={value}"]
     return shlex.join(args)
-
-
-def addoptions(group: Any) -> None:
-    group.addoption(
-        "--soak",
-        metavar="DURATION",
-        help="burn-in: run the selected tests again and again (a fresh hypothesis seed each pass, the same "
-        "worker groups) until DURATION (240s, 30m, 8h) is spent or Ctrl-C, then report each failure's "
-        "rate, first time and replay command",
-    )
-
-
-def requested(config: pytest.Config, spmd_mode: bool) -> float | None:
-    """The seconds --soak asks for (None without it); a usage error where it can't run (a bad duration,
-    pytest-xdist, SPMD mode)."""
-    if not config.getoption("soak"):
-        return None
-    if spmd_mode or getattr(config.option, "numprocesses", None):
-        raise pytest.UsageError(
-            "--soak runs the tests pass after pass in this pytest: drop -n (pytest-xdist), and torchrun "
-            "or srun"
-        )
-    try:
-        return duration(config.getoption("soak"))
-    except options.OptionError as exc:
-        raise pytest.UsageError(str(exc)) from None
 
 
 class Soak:

@@ -5,52 +5,46 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from pytest_collectives.errors import OptionError
 from pytest_collectives.gate.statistics import DEFAULT_THRESHOLD, DEFAULT_TOLERANCE, MIN_RUNS
 from pytest_collectives.gate.store import DEFAULT_NAME, KEEP_RUNS, BaselineError, load_baseline
+from pytest_collectives.option import Option
 
 DEFAULT_MIN_JUDGED = 0.5
 
 OPTIONS = (
-    ("--baseline-save", {"action": "store_true", "help": "add this run to the baseline of this machine's "
-                         f"topology (keeps the last --baseline-keep runs; the gate judges from {MIN_RUNS})"}),
-    ("--baseline-keep", {"metavar": "N", "default": str(KEEP_RUNS),
-                         "help": f"runs a baseline keeps (default {KEEP_RUNS})"}),
-    ("--baseline-overwrite", {"action": "store_true", "help": "with --baseline-save: start the baseline "
-                              "afresh with this run (also replaces an unreadable or old-format file)"}),
-    ("--baseline-name", {"metavar": "NAME", "default": DEFAULT_NAME,
-                         "help": "keep configurations of one topology apart: its baseline is "
-                         f"<topology-id>/NAME.json (default {DEFAULT_NAME}), plus the dimensions the "
-                         "pytest_collectives_baseline_key hook adds"}),
-    ("--baseline", {"metavar": "PATH|ID", "help": "compare with this baseline file or topology id "
-                    "instead of the detected topology's"}),
-    ("--fail-on-regression", {"action": "store_true", "help": "CI mode: fail the session on a confirmed "
-                              "regression or a machine-wide slowdown, and when there is no baseline to "
-                              "judge by (unless --allow-missing-baseline)"}),
-    ("--allow-missing-baseline", {"action": "store_true", "help": "with --fail-on-regression: pass when "
-                                  f"this topology has no baseline of {MIN_RUNS} runs yet (a first run)"}),
-    ("--regression-threshold", {"metavar": "FRACTION", "default": str(DEFAULT_THRESHOLD),
-                                "help": "the slowdown of one benchmark the gate promises to catch where its "
-                                "spread allows (default 0.10 = 10%%)"}),
-    ("--machine-tolerance", {"metavar": "FRACTION",
-                             "help": "how much slower than the baseline a machine of this topology may run "
-                             "across all benchmarks before that is a machine-wide slowdown (default: learned "
-                             "from how far the baseline's sittings differ, at least 3%%; "
-                             f"{DEFAULT_TOLERANCE} while it holds one sitting)"}),
-    ("--min-judged", {"metavar": "FRACTION", "default": str(DEFAULT_MIN_JUDGED),
-                      "help": "with --fail-on-regression: the share of the baseline's benchmarks a run must "
-                      "judge, else it fails (default 0.5); 0 lets a run with no benchmark results pass"}),
-    ("--gate-report", {"metavar": "DIR", "help": "write the verdict as gate.json and gate.md into DIR"}),
+    Option("baseline_save", "add this run to the baseline of this machine's topology (keeps the last "
+           f"--baseline-keep runs; the gate judges from {MIN_RUNS})", action="store_true"),
+    Option("baseline_keep", f"runs a baseline keeps (default {KEEP_RUNS})", metavar="N",
+           default=str(KEEP_RUNS)),
+    Option("baseline_overwrite", "with --baseline-save: start the baseline afresh with this run (also "
+           "replaces an unreadable or old-format file)", action="store_true"),
+    Option("baseline_name", "keep configurations of one topology apart: its baseline is "
+           f"<topology-id>/NAME.json (default {DEFAULT_NAME}), plus the dimensions the "
+           "pytest_collectives_baseline_key hook adds", metavar="NAME", default=DEFAULT_NAME),
+    Option("baseline", "compare with this baseline file or topology id instead of the detected topology's",
+           metavar="PATH|ID"),
+    Option("fail_on_regression", "CI mode: fail the session on a confirmed regression or a machine-wide "
+           "slowdown, and when there is no baseline to judge by (unless --allow-missing-baseline)",
+           action="store_true"),
+    Option("allow_missing_baseline", "with --fail-on-regression: pass when this topology has no baseline "
+           f"of {MIN_RUNS} runs yet (a first run)", action="store_true"),
+    Option("regression_threshold", "the slowdown of one benchmark the gate promises to catch where its "
+           "spread allows (default 0.10 = 10%%)", metavar="FRACTION", default=str(DEFAULT_THRESHOLD)),
+    Option("machine_tolerance", "how much slower than the baseline a machine of this topology may run "
+           "across all benchmarks before that is a machine-wide slowdown (default: learned from how far the "
+           f"baseline's sittings differ, at least 3%%; {DEFAULT_TOLERANCE} while it holds one sitting)",
+           metavar="FRACTION"),
+    Option("min_judged", "with --fail-on-regression: the share of the baseline's benchmarks a run must "
+           "judge, else it fails (default 0.5); 0 lets a run with no benchmark results pass",
+           metavar="FRACTION", default=str(DEFAULT_MIN_JUDGED)),
+    Option("gate_report", "write the verdict as gate.json and gate.md into DIR", metavar="DIR"),
+    Option("baseline_dir", "where per-topology baselines live (default: baselines/ under the rootdir)",
+           ini="string", flag=False),
 )  # fmt: skip
-
-
-def addoptions(parser: pytest.Parser, group: Any) -> None:
-    for flag, kwargs in OPTIONS:
-        group.addoption(flag, **kwargs)
-    parser.addini("baseline_dir", "where per-topology baselines live (default: baselines/ under the rootdir)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +86,7 @@ def fraction(flag: str, text: str, upper: float | None, closed: bool = False) ->
     inside = 0 <= value <= upper if closed and upper else 0 < value and (upper is None or value < upper)
     if not inside or value == float("inf"):
         bound = f"between 0 and {upper:g}" if upper else "above 0"
-        raise pytest.UsageError(f"{flag} {text}: expected a fraction {bound}, e.g. 0.1")
+        raise OptionError(f"{flag} {text}: expected a fraction {bound}, e.g. 0.1")
     return value
 
 
@@ -100,16 +94,16 @@ def read(config: pytest.Config) -> GateSettings:
     opt = config.getoption
     keep = str(opt("baseline_keep"))
     if not keep.isdigit() or int(keep) < 1:
-        raise pytest.UsageError(f"--baseline-keep {keep}: expected a whole number of runs >= 1, e.g. 5")
+        raise OptionError(f"--baseline-keep {keep}: expected a whole number of runs >= 1, e.g. 5")
     if opt("baseline_overwrite") and not opt("baseline_save"):
-        raise pytest.UsageError("--baseline-overwrite only makes sense with --baseline-save")
+        raise OptionError("--baseline-overwrite only makes sense with --baseline-save")
     explicit = opt("baseline")
     if explicit and (explicit.endswith(".json") or Path(explicit).exists()):
         # A named file is checked before the benchmarks run, not after they took their minutes.
         try:
             load_baseline(explicit if not Path(explicit).is_dir() else Path(explicit) / "baseline.json")
         except BaselineError as exc:
-            raise pytest.UsageError(f"--baseline {explicit}: {exc}") from None
+            raise OptionError(f"--baseline {explicit}: {exc}") from None
     tolerance = opt("machine_tolerance")
     return GateSettings(
         fail_on_regression=bool(opt("fail_on_regression")),
@@ -123,7 +117,7 @@ def read(config: pytest.Config) -> GateSettings:
         tolerance=None if tolerance is None else fraction("--machine-tolerance", str(tolerance), None),
         min_judged=fraction("--min-judged", str(opt("min_judged")), 1, closed=True),
         keep=int(keep),
-        root=config.rootpath / (config.getini("baseline_dir") or "baselines"),
+        root=config.rootpath / (OPTIONS[-1].value(config) or "baselines"),
         benchmark_skip=bool(opt("benchmark_skip", False)),
         benchmark_disable=bool(opt("benchmark_disable", False)),
         under_xdist=bool(opt("numprocesses", None)),

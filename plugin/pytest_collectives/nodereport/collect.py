@@ -32,14 +32,6 @@ class _PairGrid(NamedTuple):
     kind: str  # "GPU" or "rank"
 
 
-def addoptions(group: Any) -> None:
-    group.addoption(
-        "--node-report",
-        metavar="DIR",
-        help="write a node validation report (report.html, report.json, plots) into DIR",
-    )
-
-
 def _pair_grid(results: dict[str, BenchmarkEntry], matrix: str, figure: str) -> _PairGrid | None:
     """``figure`` of every (src, dst) pair of the benchmarks marked ``matrix: <matrix>``, at the largest
     message size measured; None when the run measured no such pair, or not every pair (some were
@@ -159,15 +151,13 @@ def extension_checks(answers: list[Mapping[str, Sequence[Mapping[str, Any]]] | N
 
 class NodeReport:
     def __init__(
-        self, config: pytest.Config, directory: str, gpus: int, gate: Any, matrix: Any, soak: Any = None
+        self, config: pytest.Config, directory: Path, gpus: int, gate: Any, matrix: Any, soak: Any = None
     ) -> None:
         """``gate`` (gate.plugin.BaselineGate) holds the machine and the baseline's verdicts; ``matrix``
         (conformance.matrix.CapabilityMatrix) the conformance run's cells; ``soak`` (execution.soak.Soak),
         under --soak, the passes."""
         self.config, self.gate, self.matrix, self.soak = config, gate, matrix, soak
-        self.directory = Path(directory)
-        if self.directory.exists() and not self.directory.is_dir():
-            raise pytest.UsageError(f"--node-report {directory}: is a file; name a folder to write into")
+        self.directory = directory  # nodereport.settings.read checked it
         self.counts = {"passed": 0, "failed": 0, "skipped": 0}
         self.by_configuration: dict[str, dict[str, int]] = {}  # --backend-env: the counts of each
         self.failures: list[dict[str, str]] = []
