@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from docblocks import ALL, DIRECTIVE, MARK, OUTPUT, PAGES, ROOT, SUITES_RUN, Block, commands, pytest_args
-from helpers import PLUGIN, copy_checkout
+from helpers import PLUGIN, copy_checkout, copy_conformance, torch_below
 
 from pytest_collectives.conformance.known_bugs import load
 
@@ -192,8 +192,20 @@ def test_a_command_with_a_renamed_flag_fails(checkout: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("block", of("python"))
 def test_python_block(block: Block, tmp_path: Path) -> None:
-    """Tests it defines pass; a conftest is loaded under a test of its own; a script runs."""
-    if block.text.startswith("# conftest.py"):
+    """Tests it defines pass; a conftest is loaded under a test of its own; a backend module
+    (``# NAME_backend.py``) passes the all-reduce suite at 2 ranks as --backend NAME; a script runs."""
+    module = re.match(r"# (\w+)_backend\.py\n", block.text)
+    if module:
+        if torch_below(2, 13):
+            pytest.skip("Python ProcessGroup backends crash before torch 2.13 (docs/limits.md)")
+        (tmp_path / f"{module[1]}_backend.py").write_text(block.text)
+        copy_conformance(tmp_path, ("test_all_reduce.py",))
+        args = ("--backend-module", f"{module[1]}_backend", "--backend", module[1], "-p", "no:cacheprovider")
+        result = run_pytest(tmp_path, "--world-sizes", "2", *args)
+        assert re.search(r"\d+ passed", result.stdout) and " failed" not in result.stdout, result.stdout[
+            -3000:
+        ]
+    elif block.text.startswith("# conftest.py"):
         (tmp_path / "conftest.py").write_text(block.text)
         (tmp_path / "test_it.py").write_text("def test_loaded():\n    pass\n")
         result = run_pytest(tmp_path, "--world-sizes", "2")
