@@ -125,6 +125,33 @@ def test_modes_that_meet_each_keep_their_verdict(project: Path, modes: tuple[str
         assert passed(out, "test_all_reduce.py::"), out[-3000:]
     if timed:
         assert passed(out, "test_p2p.py::"), out[-3000:]
+    if not collected_only:
+        closing_verdicts(
+            done.stdout, modes, failed=bool(done.returncode), timed=timed, conformance=conformance_ran
+        )
+
+
+def closing_verdicts(out: str, modes: tuple[str, ...], failed: bool, timed: bool, conformance: bool) -> None:
+    """The plugin's output ends with its verdicts, after pytest-benchmark's wide table, each in 80 columns,
+    one for each part that judged, FAIL exactly where the run failed."""
+    lines = out.splitlines()
+    start = next((i for i, line in enumerate(lines) if "collectives: verdicts" in line), None)
+    if start is None:  # nothing judged: benchmarks untimed under -n, no conformance test, nothing saved
+        assert "xdist" in modes and not conformance and not failed and not {"soak", "report"} & set(modes)
+        return
+    block = list(itertools.takewhile(lambda line: not line.startswith(("=", "-")), lines[start + 1 :]))
+    verdicts = [line for line in block if not line.startswith(" ")]  # a wrapped verdict's later lines
+    assert block and all(len(line) <= 80 for line in block), block
+    assert not any(line.startswith(("benchmark", "Legend", "----")) for line in lines[start:]), out[-3000:]
+    assert any(": FAIL" in line for line in verdicts) == failed, block
+    starts = {line.split(":")[0] for line in verdicts}
+    assert ("conformance" in starts) == conformance, block
+    assert ("soak" in starts) == ("soak" in modes), block
+    assert ("node report" in starts) == ("report" in modes), block
+    if "save" in modes and timed and not failed:
+        assert any(
+            line.startswith("performance gate: saved as run 1 of the baseline") for line in verdicts
+        ), block
 
 
 def passed(out: str, prefix: str) -> bool:

@@ -12,6 +12,8 @@ with the other ranks at collection) and the xdist controller (it gathers the wor
 
 from __future__ import annotations
 
+import os
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
     from pytest_collectives.execution.soak import Soak
     from pytest_collectives.gate.plugin import BaselineGate
     from pytest_collectives.nodereport.collect import NodeReport
+
+
+VERDICT_COLUMNS = 80
 
 
 class Run:
@@ -64,6 +69,23 @@ class Run:
         for part in self._parts("gate", "session", "matrix", "report"):
             part.finish(session)
 
+    # trylast: after pytest-benchmark's table (some 250 columns wide), so that the verdicts close the output
+    @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for part in self._parts("report", "soak", "gate", "matrix", "session"):
             part.summary(terminalreporter)
+        said = [part.verdict() for part in self._parts("matrix", "gate", "soak", "session", "report")]
+        here = f"{terminalreporter.config.invocation_params.dir}{os.sep}"  # paths as typed: shorter
+        verdicts = [line.replace(here, "") for line in said if line]
+        if verdicts:
+            terminalreporter.section("collectives: verdicts")
+        for line in verdicts:
+            # read in an 80-column terminal: a long verdict wraps, its later lines indented
+            text = textwrap.fill(
+                line,
+                VERDICT_COLUMNS,
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+            terminalreporter.write_line(text, red=": FAIL" in line)

@@ -32,6 +32,7 @@ PASS, FAIL, KNOWN, NA, UNTESTED = "PASS", "FAIL", "known bug", "N/A", "untested"
 AS_TORCH = "as torch"  # capabilities.AS_TORCH: this module loads before torch
 STATUSES = (PASS, FAIL, KNOWN, NA, UNTESTED)
 _MARK = {PASS: "P", FAIL: "F", KNOWN: "K", NA: ".", UNTESTED: "-"}
+_WORDS = {PASS: "cells passed", FAIL: "cells failed", KNOWN: "known bugs", NA: "N/A"}
 _SHORT = {
     "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "complex64": "c64",
     "complex128": "c128", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
@@ -239,9 +240,7 @@ class CapabilityMatrix:
         """Whether conformance tests were selected and none ran: every one N/A or skipped, so no cell was
         tried. Such a run proves nothing and must not pass."""
         return (
-            self.reports()
-            and not self.ran
-            and not any(t.passed or t.failed for t in self.tallies.values())
+            self.reports() and not self.ran and not any(t.passed or t.failed for t in self.tallies.values())
         )
 
     def finish(self, session: pytest.Session) -> None:
@@ -296,6 +295,20 @@ class CapabilityMatrix:
         for like, line, count in exported["resembling"]:
             line, before = self.resembling.get(like, (line, 0))
             self.resembling[like] = (line, before + count)
+
+    def verdict(self) -> str | None:
+        """The closing line: how the conformance cells came out, or None where no conformance test ran."""
+        if not self.reports() or self.worker:
+            return None
+        if self.checked_nothing():
+            return "conformance: FAIL, every conformance test was skipped (N/A); no cell was tried"
+        doc = self.document()
+        statuses = [row["status"] for row in doc["cells"]]
+        counts = {status: statuses.count(status) for status in (FAIL, PASS, KNOWN, NA)}
+        said = [f"{n} {_WORDS[status]}" for status, n in counts.items() if n]
+        stacks = [stack for stack, verdict in doc.get("training", {}).items() if verdict.startswith(FAIL)]
+        said += [f"{', '.join(stacks)} failed"] if stacks else []
+        return f"conformance: {FAIL if counts[FAIL] or stacks else PASS}, {', '.join(said)}"
 
     def summary(self, terminalreporter: Any) -> None:
         if not self.reports() or self.worker:
@@ -382,7 +395,7 @@ def _cell(row: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def _named(cell: tuple[str, str, str]) -> str:
-    """"all_reduce float32 sum", "broadcast int8": a cell in a line, its "-" left out."""
+    """ "all_reduce float32 sum", "broadcast int8": a cell in a line, its "-" left out."""
     return " ".join(part for part in cell if part != "-")
 
 
@@ -571,8 +584,10 @@ def mismatch_lines(rows: list[dict[str, Any]]) -> list[str]:
     by_operation: dict[str, list[str]] = {}
     for r in silent:
         by_operation.setdefault(r["operation"], []).append(r["kind"])
-    lines += [f"  {operation}: {' and '.join(kinds)}, returned on every rank"
-              for operation, kinds in by_operation.items()]
+    lines += [
+        f"  {operation}: {' and '.join(kinds)}, returned on every rank"
+        for operation, kinds in by_operation.items()
+    ]
     return lines
 
 

@@ -611,6 +611,11 @@ class DistributedSession:
         elif self.coverage.untested() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def verdict(self) -> str | None:
+        """The closing line where a backend setting (--backend-env) went untested; None otherwise."""
+        untested = self.coverage.untested()
+        return f"backend settings: FAIL, untested: {', '.join(untested)}" if untested else None
+
     def summary(self, terminalreporter: Any) -> None:
         records = side_by_side.records(self.config)
         plain = [(configurations.plain_id(name, e.get("backend_env", "")), e) for name, e in records]

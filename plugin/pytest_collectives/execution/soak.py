@@ -260,6 +260,18 @@ class Soak:
             ],
         }
 
+    def verdict(self) -> str | None:
+        """The closing line: the passes made and how many of them failed."""
+        if not self.passes:
+            return None
+        failed = {number for failures in self.failures.values() for number in failures.passes}
+        if not failed:
+            return f"soak: PASS, {self.passes} pass(es) in {clock(self.elapsed())}, none failed"
+        tests = f"{len(self.failures)} test(s)"
+        return (
+            f"soak: FAIL, {len(failed)} of {self.passes} pass(es) failed ({tests}) in {clock(self.elapsed())}"
+        )
+
     def summary(self, terminalreporter: Any) -> None:
         if not self.passes:
             return

@@ -99,6 +99,7 @@ class BaselineGate:
         self.result: GateResult | None = None
         self.statistic = "min"  # of each benchmark's rounds: set from the baseline when judged
         self.failed = False
+        self.outcome: list[str] = []  # what the gate decided, in a few words each: its closing verdict
         self.fingerprint: Fingerprint | None = None
         self.resolved: ResolvedBaseline | None = None
         self.looked_up = False  # _resolve ran: `resolved` is the answer, None meaning no baseline
@@ -173,6 +174,8 @@ class BaselineGate:
         elif not self.error and self.settings.save:  # asked to record the machine, it recorded nothing
             why = self._why_no_results()
             self.error = f"gate error: no benchmark results to save (--baseline-save): {why}"
+        elif not self.error and self.benchmarks_selected:  # (None on an xdist controller: not known there)
+            self.outcome.append(f"NOT JUDGED, {self._why_no_results()}")
         if self.error:
             self.lines.append(self.error)
             self.failed = True
@@ -232,6 +235,7 @@ class BaselineGate:
             self.lines.append(
                 f"not saved as a baseline run: {why_not}; a baseline records a machine known to be good"
             )
+            self.outcome.append(f"not saved as a baseline run: {why_not}")
             return
         path, runs = save_baseline(
             self.settings.root,
@@ -243,6 +247,7 @@ class BaselineGate:
         )
         more = MIN_RUNS - runs
         armed = f"; the gate judges from {MIN_RUNS}: record {more} more" if more > 0 else ""
+        self.outcome.append(f"saved as run {runs} of the baseline {path}{armed}")
         self.lines.append(
             f"saved {len(results)} benchmark(s) as a run of the baseline of {topology_id(self.machine())}: "
             f"{path} ({runs} run(s) kept of {self.settings.keep}{armed})"
@@ -305,8 +310,12 @@ class BaselineGate:
         if verdicts and self.settings.fail_on_regression:
             self.lines.append(f"FAILED: {' and '.join(verdicts)} (--fail-on-regression)")
             self.failed = True
+            self.outcome.append(f"FAIL, {' and '.join(verdicts)}")
         elif verdicts:
             self.lines.append(f"{' and '.join(verdicts)}; report mode: add --fail-on-regression to gate")
+            self.outcome.append(f"WARN, {' and '.join(verdicts)} (report mode)")
+        elif result.judged:
+            self.outcome.append(f"PASS, {len(result.judged)} benchmark(s) judged against {base.path}")
 
     def _missing(self) -> str:
         named = "" if self.name == DEFAULT_NAME else f", {self.name}.json"
@@ -335,6 +344,7 @@ class BaselineGate:
                 self.error = f"baseline error: {degraded}"
             else:
                 self.lines.append(f"DEGRADED? {degraded}")
+                self.outcome.append(f"WARN, {why}, and this node looks degraded ({near.topology_id} differs)")
             return
         if not any(d.lost for d in near.differences):
             what += f", none of which can be a fault: judge against it with `--baseline {near.topology_id}`"
@@ -351,6 +361,7 @@ class BaselineGate:
             )
         else:
             self.lines.append(f"{why}: nothing judged; record one with {record}")
+            self.outcome.append(f"NOT JUDGED, {why}")
 
     def _say_machine(self, result: GateResult) -> None:
         machine = result.machine
@@ -499,6 +510,12 @@ class BaselineGate:
             )
         except OSError as exc:
             self.lines.append(f"gate report not written to {directory}: {exc.strerror}")
+
+    def verdict(self) -> str | None:
+        """The closing line: what the gate decided, or None where it had nothing to say."""
+        if self.error:
+            return f"performance gate: FAIL, {self.error}"
+        return f"performance gate: {'; '.join(self.outcome)}" if self.outcome else None
 
     def summary(self, terminalreporter: Any) -> None:
         if not self.lines and not self.rows:

@@ -9,6 +9,7 @@ failures in it.
 from __future__ import annotations
 
 import datetime
+import json
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -251,6 +252,17 @@ class NodeReport:
     def _capabilities(self) -> dict[str, Any] | None:
         """The conformance suites' capability matrix, where a conformance test probed a group."""
         return self.matrix.document() if self.matrix.reports() else None
+
+    def verdict(self) -> str | None:
+        """The closing line: the report's own verdict and where it is, or why none was written."""
+        if self.error:
+            return f"node report: {self.error}"
+        if not self.written:
+            return None
+        from pytest_collectives.nodereport.write import HTML_NAME, JSON_NAME  # plotting's imports: lazily
+
+        said = json.loads(self.written[JSON_NAME].read_text(encoding="utf-8"))["verdict"]
+        return f"node report: {said}, {self.written[HTML_NAME]}"
 
     def summary(self, terminalreporter: Any) -> None:
         if self.written:
