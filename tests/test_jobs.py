@@ -1,7 +1,14 @@
 """The README's jobs as a user types them, on the real suites (copied beside an empty baselines/): a run's
-verdicts belong to what it ran, so the CI gate's commands pass on a healthy machine."""
+verdicts belong to what it ran, so the CI gate's commands pass on a healthy machine. Each runs as the
+command ``pytest`` found on the PATH of the environment the README's set-up made (tox's), as in its
+activated shell: not ``python -m pytest``, which hid that the environment had no ``pytest`` of its own."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from docblocks import block_of, commands, pytest_args, unshown
@@ -38,14 +45,30 @@ dist.broadcast = broadcast
 CONFORMANCE = ("suites/conformance/test_point_to_point.py", "-k", "ring_exchange")
 
 
+ENVIRONMENT = Path(sys.executable).parent  # the bin/ of the environment these tests run in
+
+
 @pytest.fixture
-def checkout(pytester: pytest.Pytester) -> pytest.Pytester:
+def checkout(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     copy_checkout(pytester.path)
+    monkeypatch.setenv("PATH", f"{ENVIRONMENT}{os.pathsep}{os.environ['PATH']}")  # as if activated
     return pytester
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest("--world-sizes", "2", "--max-bytes", "64K", "-p", "no:cacheprovider", *args)
+    typed = shutil.which("pytest")
+    assert typed, "no pytest on the PATH of this environment"
+    return pytester.run(typed, "--world-sizes", "2", "--max-bytes", "64K", "-p", "no:cacheprovider", *args)
+
+
+def test_the_environment_s_own_pytest_runs_the_plugin(checkout: pytest.Pytester) -> None:
+    """After the README's set-up, ``pytest`` in the environment's shell is the environment's own, with the
+    plugin: where the system's pytest was seen instead, the suites' conftest could not import it."""
+    assert Path(shutil.which("pytest") or "").parent == ENVIRONMENT, (
+        f"{ENVIRONMENT} has no pytest script of its own (tox.ini's commands_pre installs one)"
+    )
+    result = run(checkout, "suites/perf", "--collect-only", "-q")
+    assert result.ret == 0, result.stdout.str()[-3000:] + result.stderr.str()[-3000:]
 
 
 def test_the_ci_gate_commands_pass_a_healthy_perf_run(checkout: pytest.Pytester) -> None:
@@ -68,8 +91,7 @@ def test_the_ci_gate_commands_pass_a_healthy_perf_run(checkout: pytest.Pytester)
     for result in (saved, gated):
         result.stdout.no_fnmatch_line("*capability matrix*")
         result.stdout.no_fnmatch_line("*conformance checked nothing*")
-    checkout.makepyfile(slowdown=SLOWDOWN)
-    checkout.syspathinsert()
+    checkout.makepyfile(slowdown=SLOWDOWN)  # found on the PYTHONPATH pytester gives the command
     slowed = run(checkout, *gate, *selection, "--backend-module", "slowdown")
     assert slowed.ret == 1, slowed.stdout.str()[-3000:]
     slowed.stdout.fnmatch_lines(
