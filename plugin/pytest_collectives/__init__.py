@@ -31,9 +31,22 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "share": ("execution.ipc", "share"),
     # algorithms under test, and the exact references they are held to
     "algorithm": ("algorithms.registry", "algorithm"),
-    "registry": ("algorithms.registry", None),
-    "collectives": ("algorithms.collectives", None),
-    **{n: ("algorithms.collectives", n) for n in ("all_gather_single", "reduce_scatter_single")},
+    "algorithm_named": ("algorithms.registry", "get"),
+    **{
+        n: ("algorithms.collectives", n)
+        for n in (
+            "all_gather_single",
+            "all_reduce_direct",
+            "all_reduce_reduce_broadcast",
+            "all_reduce_reduce_scatter_all_gather",
+            "gemm_reduce_scatter",
+            "gemm_reduce_scatter_sequential",
+            "naive_ring_all_reduce",
+            "reduce_scatter_single",
+            "ring_all_reduce",
+            "ring_reduce_scatter",
+        )
+    },
     **{
         n: ("algorithms.reference", n)
         for n in ("Values", "assert_reduced_close", "rank_input", "real_dtype", "reduce_op")
@@ -43,7 +56,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "refuses": ("backends", "refuses"),
     "backend_env_preset": ("execution.configurations", "backend_env_preset"),
     # conformance: what the backend supports, the cases drawn, the properties checked
-    "capabilities": ("conformance.capabilities", None),
+    "active_capabilities": ("conformance.capabilities", "active"),
     **{
         n: ("conformance.capabilities", n)
         for n in ("DTYPES", "EXCEPTIONAL", "NO_OP", "REDUCE_OPS", "REDUCTIONS", "kinds", "refusal")
@@ -74,9 +87,24 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
         )
     },
     **{
-        n: (f"conformance.{n}", None)
-        for n in ("mismatches", "probing", "properties", "rotation", "training")
+        n: ("conformance.properties", n)
+        for n in (
+            "all_gather_matches_reference",
+            "all_reduce_matches_reference",
+            "all_to_all_matches_reference",
+            "broadcast_matches_reference",
+            "check_splits",
+            "gemm_reduce_scatter_matches_reference",
+            "matches_reference",
+            "reduce_matches_reference",
+            "reduce_scatter_matches_reference",
+            "run_all_reduce",
+        )
     },
+    "subgroup_members": ("conformance.properties", "members"),
+    "rotation_turn": ("conformance.rotation", "turn"),
+    # the two suites of the backend's behaviour beyond its results: namespaces of their own, for now
+    **{n: (f"conformance.{n}", None) for n in ("mismatches", "probing", "training")},
     **{
         n: ("conformance.training", n)
         for n in ("FSDP2", "FunctionalCall", "Redistribution", "STACKS", "TENSOR_PARALLEL")

@@ -18,20 +18,21 @@ from pytest_collectives import (
     EXCEPTIONAL,
     FLOATS,
     LARGE_SIZES,
+    algorithm_named,
+    all_reduce_matches_reference,
     assert_moved,
     assert_reduced_close,
     examples,
     kinds,
     large,
     of_the_algorithm,
-    properties,
     rank_input,
     real_dtype,
     reduce_op,
     reductions,
     refusal,
     registered,
-    registry,
+    run_all_reduce,
 )
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
@@ -47,7 +48,7 @@ DECOMPOSITIONS = ["all_reduce", "reduce_broadcast(root=-1)", "reduce_scatter_all
 def test_all_reduce_matches_exact_reference(pg, algorithm, case):
     """Every reduce op the algorithm claims and the backend calls it is made of support, AVG and
     PREMUL_SUM included."""
-    properties.all_reduce_matches_reference(pg, registry.get(algorithm), case)
+    all_reduce_matches_reference(pg, algorithm_named(algorithm), case)
 
 
 # One large message per call: a batch of them would take seconds.
@@ -57,7 +58,7 @@ def test_all_reduce_matches_exact_reference(pg, algorithm, case):
 @given(case=of_the_algorithm(reductions, sizes=LARGE_SIZES))
 def test_all_reduce_of_a_large_message(pg, algorithm, case):
     """64 Ki and 1 Mi elements (plus a small size): where chunked and pipelined schedules split."""
-    properties.all_reduce_matches_reference(pg, registry.get(algorithm), case)
+    all_reduce_matches_reference(pg, algorithm_named(algorithm), case)
 
 
 @pytest.mark.world_size()
@@ -65,7 +66,7 @@ def test_all_reduce_of_a_large_message(pg, algorithm, case):
 @examples(case=reductions(DECOMPOSITIONS, together=True))
 def test_decompositions_agree_with_each_other(pg, case):
     """Exact dtypes and ops must agree bit for bit; rounding may differ only within the reference bound."""
-    results = [properties.run_all_reduce(pg, registry.get(name), case) for name in DECOMPOSITIONS]
+    results = [run_all_reduce(pg, algorithm_named(name), case) for name in DECOMPOSITIONS]
     if results[0] is None:
         return
     exact = case.values.exact(case.dtype, case.op, len(results[0][1]))

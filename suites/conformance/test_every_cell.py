@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_collectives import every_cell, properties, registered, registry, sweep
+from pytest_collectives import algorithm_named, every_cell, matches_reference, registered, sweep
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 
@@ -18,5 +18,5 @@ CONTRACTS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadc
 @pytest.mark.parametrize("algorithm", [p for contract in CONTRACTS for p in registered(contract)])
 @sweep(case=every_cell())
 def test_every_supported_cell(pg, algorithm, case):
-    implementation = registry.get(algorithm)
-    properties.matches_reference(pg, implementation.operation, implementation, case)
+    implementation = algorithm_named(algorithm)
+    matches_reference(pg, implementation.operation, implementation, case)

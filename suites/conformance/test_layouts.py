@@ -37,7 +37,7 @@ from pytest_collectives import (
     reduce_scatter_single,
     refusal,
     refused_example,
-    rotation,
+    rotation_turn,
     sentinel,
     supported_cells,
     sweep,
@@ -82,9 +82,9 @@ def tensors_of_each_size() -> st.SearchStrategy[list[Tensors]]:
     """For the running test's call, as one sweep (``pytest_collectives.sweep``): float32 in the first shape
     (the call as it always ran), then, at the world sizes where the size tiers run (``cases.tiers_at``), a
     dtype of each element size the backend takes for the call, each in another shape; which dtype of a
-    size, and which shape, turn with the run (``rotation.turn``). A backend that packs or copies a layout
+    size, and which shape, turn with the run (``rotation_turn``). A backend that packs or copies a layout
     with a fixed element size in mind gets one of them wrong."""
-    return st.builds(rotation.turn).map(_of_each_size)
+    return st.builds(rotation_turn).map(_of_each_size)
 
 
 def _of_each_size(turn: int) -> list[Tensors]:

@@ -23,22 +23,25 @@ from pytest_collectives import (
     NO_OP,
     REDUCE_OPS,
     Calls,
+    algorithm_named,
+    all_to_all_matches_reference,
     assert_moved,
     assert_reduced_close,
+    broadcast_matches_reference,
     cases,
     every_cell,
     examples,
     laid_out,
     movements,
     of_the_algorithm,
-    properties,
+    reduce_matches_reference,
     reduce_op,
     reductions,
     refusal,
     refused_example,
     registered,
-    registry,
     sentinel,
+    subgroup_members,
     sweep,
 )
 
@@ -53,21 +56,21 @@ SPLITS = st.lists(st.lists(st.integers(0, 40), min_size=8, max_size=8), min_size
 @examples(case=of_the_algorithm(reductions, layouts=DENSE))
 def test_reduce(pg, algorithm, case):
     """The backend's reduce and every registered one: the root holds the reduction."""
-    properties.reduce_matches_reference(pg, registry.get(algorithm), case)
+    reduce_matches_reference(pg, algorithm_named(algorithm), case)
 
 
 @pytest.mark.world_size()
 @pytest.mark.parametrize("algorithm", registered("broadcast"))
 @examples(case=of_the_algorithm(movements))
 def test_broadcast(pg, algorithm, case):
-    properties.broadcast_matches_reference(pg, registry.get(algorithm), case)
+    broadcast_matches_reference(pg, algorithm_named(algorithm), case)
 
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_gather")
 @examples(case=movements(["all_gather"]))
 def test_all_gather_list(pg, case):
-    found = properties.members(pg, case)
+    found = subgroup_members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
@@ -87,7 +90,7 @@ def test_all_gather_list(pg, case):
 def test_all_gather_list_uneven(pg, case, extra):
     """The list all_gather with a size per rank (torch: "uneven sized tensors are supported"): group rank
     i contributes case.size + extra[i] elements."""
-    found = properties.members(pg, case)
+    found = subgroup_members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
@@ -115,7 +118,7 @@ def test_reduce_scatter_list_every_cell(pg, case):
 
 
 def check_reduce_scatter_list(pg, case) -> None:
-    found = properties.members(pg, case)
+    found = subgroup_members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
@@ -132,7 +135,7 @@ def check_reduce_scatter_list(pg, case) -> None:
 def test_all_to_all_single(pg, algorithm, case, splits, even):
     """The backend's all_to_all_single and every registered all-to-all: even splits (none given) or any
     split matrix, zeros included: group rank i sends splits[i][j] to j."""
-    properties.all_to_all_matches_reference(pg, registry.get(algorithm), case, None if even else splits)
+    all_to_all_matches_reference(pg, algorithm_named(algorithm), case, None if even else splits)
 
 
 @pytest.mark.world_size()
@@ -202,7 +205,7 @@ def test_channels_last_is_read_and_written_as_laid_out(pg, case, shape):
 @examples(case=movements(["gather"]))
 def test_gather(pg, case):
     """The root's list holds every member's input in group-rank order (a permutation is caught)."""
-    found = properties.members(pg, case)
+    found = subgroup_members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
@@ -218,7 +221,7 @@ def test_gather(pg, case):
 @pytest.mark.needs("scatter")
 @examples(case=movements(["scatter"]))
 def test_scatter(pg, case):
-    found = properties.members(pg, case)
+    found = subgroup_members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found

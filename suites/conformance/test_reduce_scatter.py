@@ -10,15 +10,17 @@ from hypothesis import strategies as st
 
 from pytest_collectives import (
     EDGE_SIZES,
+    algorithm_named,
+    all_gather_matches_reference,
     examples,
+    gemm_reduce_scatter_matches_reference,
     movements,
     of_the_algorithm,
-    properties,
+    reduce_scatter_matches_reference,
     reductions,
     registered,
-    registry,
+    ring_reduce_scatter,
 )
-from pytest_collectives import collectives as alg
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
 
@@ -31,7 +33,7 @@ CHUNKS = st.one_of(st.sampled_from(EDGE_SIZES), st.integers(0, 3000))
 def test_reduce_scatter_matches_exact_reference(pg, algorithm, case, in_place):
     """Every registered reduce-scatter (the backend's, the ring with S = k n steps, users'), in and out of
     place."""
-    properties.reduce_scatter_matches_reference(pg, registry.get(algorithm), case, in_place)
+    reduce_scatter_matches_reference(pg, algorithm_named(algorithm), case, in_place)
 
 
 @pytest.mark.world_size()
@@ -39,7 +41,7 @@ def test_reduce_scatter_matches_exact_reference(pg, algorithm, case, in_place):
 @examples(case=of_the_algorithm(movements, sizes=CHUNKS), in_place=st.booleans())
 def test_all_gather_matches_exact_reference(pg, algorithm, case, in_place):
     """The backend's all_gather_single and every registered all-gather, in and out of place."""
-    properties.all_gather_matches_reference(pg, registry.get(algorithm), case, in_place)
+    all_gather_matches_reference(pg, algorithm_named(algorithm), case, in_place)
 
 
 @pytest.mark.world_size()
@@ -47,8 +49,8 @@ def test_all_gather_matches_exact_reference(pg, algorithm, case, in_place):
 @examples(case=movements(["all_gather_single_stacked"], sizes=CHUNKS), in_place=st.booleans())
 def test_backend_all_gather_into_a_stacked_output(pg, case, in_place):
     """The output may also stack the ranks' inputs, (n, chunk), as DTensor asks for."""
-    backend = registry.get("all_gather_single")
-    properties.all_gather_matches_reference(pg, backend, case, in_place, stacked=True)
+    backend = algorithm_named("all_gather_single")
+    all_gather_matches_reference(pg, backend, case, in_place, stacked=True)
 
 
 @pytest.mark.world_size()
@@ -56,9 +58,9 @@ def test_ring_reduce_scatter_rejects_bad_steps(pg):
     n = pg.world_size
     if n > 1:  # every step count is a multiple of one rank
         with pytest.raises(ValueError, match="multiple of the group size"):
-            alg.ring_reduce_scatter(torch.empty(1), torch.empty(n), steps=n + 1)
+            ring_reduce_scatter(torch.empty(1), torch.empty(n), steps=n + 1)
     with pytest.raises(ValueError, match="expected"):
-        alg.ring_reduce_scatter(torch.empty(2), torch.empty(n))
+        ring_reduce_scatter(torch.empty(2), torch.empty(n))
 
 
 @pytest.mark.world_size()
@@ -71,6 +73,4 @@ def test_ring_reduce_scatter_rejects_bad_steps(pg):
 )
 def test_gemm_reduce_scatter(pg, algorithm, case, rows_per_rank, inner, cols):
     """Pipelined or not, the result is this rank's row block of sum_r A_r @ B_r (matmul + reduce-scatter)."""
-    properties.gemm_reduce_scatter_matches_reference(
-        pg, registry.get(algorithm), case, rows_per_rank, inner, cols
-    )
+    gemm_reduce_scatter_matches_reference(pg, algorithm_named(algorithm), case, rows_per_rank, inner, cols)

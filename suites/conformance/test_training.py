@@ -16,10 +16,10 @@ from pytest_collectives import (
     TENSOR_PARALLEL,
     FunctionalCall,
     Redistribution,
+    active_capabilities,
     item_parameter,
     training,
 )
-from pytest_collectives import capabilities as caps
 
 pytestmark = [pytest.mark.conformance, pytest.mark.training]
 
@@ -43,7 +43,7 @@ def _na_where_refused(request: pytest.FixtureRequest, world_size: int) -> None:
     if training.mesh_shape(world_size, dims) is None:
         pytest.skip(f"N/A: a {dims}-D (dp, tp) mesh needs an even world size of 4 or more ranks")
     if "stack" in params:
-        reason = caps.active().cells.get(params["stack"].cells()[0])
+        reason = active_capabilities().cells.get(params["stack"].cells()[0])
     else:
         reason = training.missing(training.REDISTRIBUTE)
     if reason:
@@ -120,7 +120,7 @@ def _redistributions() -> st.SearchStrategy[list[Redistribution]]:
     """Every placement pair the probe found supported on the test's mesh at this world size."""
 
     def listed(_: object) -> list[Redistribution]:
-        dims, found = item_parameter("dims"), caps.active().cells
+        dims, found = item_parameter("dims"), active_capabilities().cells
         every = range(len(training.placements(dims)))
         pairs = [Redistribution(dims, i, j) for i in every for j in every]
         return [p for p in pairs if found.get(p.cells()[0]) == ""]
@@ -152,4 +152,3 @@ def _check_redistribution(pg, pair: Redistribution) -> None:  # noqa: ANN001
             f"{wrong[0]} (rank {pg.rank} holds {moved.to_local().shape} locally): {whole[tuple(wrong[0])]} "
             f"instead of {expected[tuple(wrong[0])]}"
         )
-

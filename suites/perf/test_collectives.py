@@ -10,15 +10,31 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pytest_collectives import NO_OP, REDUCTIONS, Case, Stamps, Values, properties, registered, registry
-from pytest_collectives import collectives as alg
+from pytest_collectives import (
+    NO_OP,
+    REDUCTIONS,
+    Case,
+    Stamps,
+    Values,
+    algorithm_named,
+    all_gather_single,
+    all_reduce_direct,
+    all_reduce_reduce_broadcast,
+    all_reduce_reduce_scatter_all_gather,
+    matches_reference,
+    naive_ring_all_reduce,
+    reduce_scatter_single,
+    registered,
+    ring_all_reduce,
+    ring_reduce_scatter,
+)
 
 ALL_REDUCES = {
-    "all_reduce": alg.all_reduce_direct,
-    "reduce_broadcast": alg.all_reduce_reduce_broadcast,
-    "reduce_scatter_all_gather": alg.all_reduce_reduce_scatter_all_gather,
-    "ring": alg.ring_all_reduce,
-    "naive_ring": alg.naive_ring_all_reduce,
+    "all_reduce": all_reduce_direct,
+    "reduce_broadcast": all_reduce_reduce_broadcast,
+    "reduce_scatter_all_gather": all_reduce_reduce_scatter_all_gather,
+    "ring": ring_all_reduce,
+    "naive_ring": naive_ring_all_reduce,
 }
 # What each needs of the backend, as conformance declares it: N/A without it (a backend with no reduce has
 # no reduce_broadcast to measure, and that is no failure).
@@ -41,7 +57,7 @@ def check_once(pg, operation: str, implementation, size: int) -> None:  # noqa: 
     at most CHECKED elements (a GPU's largest messages would take the host minutes to rebuild)."""
     op = "sum" if operation in REDUCTIONS else NO_OP  # the contracts that reduce share the backend ops' names
     case = Case((operation,), torch.float32, op, min(size, CHECKED), "contiguous", None, 0, Values("full"))
-    properties.matches_reference(pg, operation, implementation, case)
+    matches_reference(pg, operation, implementation, case)
 
 
 @pytest.mark.world_size()
@@ -75,12 +91,12 @@ def test_ring_reduce_scatter(pg, benchmark, steps_per_rank, nbytes):
     output = torch.empty(chunk, device=pg.device)
     benchmark.extra_info.update(dtype="float32", steps=steps_per_rank * n)
     benchmark(
-        alg.ring_reduce_scatter, output, source, steps=steps_per_rank * n, nbytes=chunk * n * 4,
+        ring_reduce_scatter, output, source, steps=steps_per_rank * n, nbytes=chunk * n * 4,
         collective="reduce_scatter", stamps=Stamps.summed(chunks(source, n), [output], n),
     )  # fmt: skip
 
     def ring(output, input, op, group):  # noqa: ANN001, ANN202 - the reduce_scatter contract
-        return alg.ring_reduce_scatter(output, input, group=group, steps=steps_per_rank * n)
+        return ring_reduce_scatter(output, input, group=group, steps=steps_per_rank * n)
 
     check_once(pg, "reduce_scatter", ring, chunk)
 
@@ -94,10 +110,10 @@ def test_backend_reduce_scatter(pg, benchmark, nbytes):
     output = torch.empty(chunk, device=pg.device)
     benchmark.extra_info.update(dtype="float32")
     benchmark(
-        alg.reduce_scatter_single, output, source, nbytes=chunk * n * 4, collective="reduce_scatter",
+        reduce_scatter_single, output, source, nbytes=chunk * n * 4, collective="reduce_scatter",
         stamps=Stamps.summed(chunks(source, n), [output], n),
     )  # fmt: skip
-    check_once(pg, "reduce_scatter", registry.get("reduce_scatter_single"), chunk)
+    check_once(pg, "reduce_scatter", algorithm_named("reduce_scatter_single"), chunk)
 
 
 @pytest.mark.world_size()
@@ -110,10 +126,8 @@ def test_all_gather(pg, benchmark, nbytes):
     benchmark.extra_info.update(dtype="float32")
     # each rank's part, stamped as its own, in its chunk on every rank
     stamps = Stamps.apart([mine], chunks(output, n), pg.rank)
-    benchmark(
-        alg.all_gather_single, output, mine, nbytes=chunk * n * 4, collective="all_gather", stamps=stamps
-    )
-    check_once(pg, "all_gather", registry.get("all_gather_single"), chunk)
+    benchmark(all_gather_single, output, mine, nbytes=chunk * n * 4, collective="all_gather", stamps=stamps)
+    check_once(pg, "all_gather", algorithm_named("all_gather_single"), chunk)
 
 
 @pytest.mark.world_size()
@@ -123,7 +137,7 @@ def test_broadcast(pg, benchmark, nbytes):
     benchmark.extra_info.update(dtype="float32")
     stamps = Stamps(sends=[tensor] * (pg.rank == 0), receives=[tensor] * (pg.rank != 0))
     benchmark(dist.broadcast, tensor, 0, nbytes=nbytes, collective="broadcast", stamps=stamps)
-    check_once(pg, "broadcast", registry.get("broadcast"), tensor.numel())
+    check_once(pg, "broadcast", algorithm_named("broadcast"), tensor.numel())
 
 
 # nccl-tests' other operations. Inputs hold distinct values per rank and element, and after the timed
@@ -281,7 +295,7 @@ MEASURED_ABOVE = {
 def test_registered_algorithm(pg, benchmark, algorithm, nbytes):
     """The bytes and busbw nccl-tests counts for the operation, so the figures sit beside the backend's own;
     then one check of the result against the contract's exact reference."""
-    chosen = registry.get(algorithm)
+    chosen = algorithm_named(algorithm)
     n, operation = pg.world_size, chosen.operation
     count = nbytes // 4 // n * n  # whole blocks: one a rank
 

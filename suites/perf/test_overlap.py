@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from copycheck import SENTINEL, assert_copied, pattern, sentinel
 
-from pytest_collectives import Stamps, measure
-from pytest_collectives import collectives as alg
+from pytest_collectives import Stamps, gemm_reduce_scatter, gemm_reduce_scatter_sequential, measure
 
 BASELINE_ROUNDS = 10
 MATMUL_N = 256
@@ -120,7 +119,7 @@ def test_gemm_reduce_scatter(pg, benchmark, schedule):
         for r in range(n)
     ]
     a, b = (x.to(pg.device) for x in factors[pg.rank])
-    fn = alg.gemm_reduce_scatter if schedule == "pipelined" else alg.gemm_reduce_scatter_sequential
+    fn = gemm_reduce_scatter if schedule == "pipelined" else gemm_reduce_scatter_sequential
     benchmark.extra_info.update(schedule=schedule, m=m, k=k, n=cols)
     block = benchmark(fn, a, b, nbytes=m * cols * 4, collective="reduce_scatter")
     whole = sum(x.double() @ y.double() for x, y in factors)
