@@ -10,6 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from docblocks import block_of, commands, pytest_args, unshown
+from helpers import copy_checkout
 
 from pytest_collectives.nodereport.schema import REPORT_SCHEMA, validate
 
@@ -94,6 +96,20 @@ def test_the_suites_pair_latency_lands_in_a_cpu_report(pytester, monkeypatch) ->
     html = (pytester.path / "report" / "report.html").read_text()
     table = html[html.index("<h2>GPU-to-GPU latency</h2>") :]
     assert "<th class=num>rank1</th>" in table[: table.index("</table>")]
+
+
+def test_the_cpu_walk_through_runs_as_the_page_shows(pytester: pytest.Pytester) -> None:
+    """docs/node-validation.md's first report on CPU: its command as typed, in a clone's layout with no
+    baseline; the terminal line and the lines of report.md the page shows are what the run printed."""
+    page = "docs/node-validation.md"
+    copy_checkout(pytester.path)
+    (args,) = [pytest_args(c) for c in commands(block_of(page, "test_p2p.py --world-sizes 2").text)]
+    result = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    assert not unshown(block_of(page, "node report: WARN, report/").text, out), out[-3000:]
+    written = (pytester.path / "report" / "report.md").read_text()
+    assert not unshown(block_of(page, "### Node report: WARN").text, written), written
 
 
 def test_a_report_path_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
