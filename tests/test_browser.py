@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from helpers import gpu_data
 
-from pytest_collectives.nodereport.write import write_report
+from pytest_collectives.nodereport.outputs.write import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -326,7 +326,9 @@ def test_fleet_page_shows_in_the_browser(tmp_path, open_in_browser):
 
     from test_fleet import SICK, SLOW_GPU, memory_fleet, node_data
 
-    from pytest_collectives.nodereport import fleet, fleetstats, fleetwrite
+    from pytest_collectives.nodereport.fleet import cli as fleet
+    from pytest_collectives.nodereport.fleet import stats as fleetstats
+    from pytest_collectives.nodereport.fleet import write as fleetwrite
 
     nodes = [n for n in memory_fleet(random.Random(3)) if n.name != SICK]
     sick = fleet.report_figures(node_data(random.Random(4), slow_gpu=SLOW_GPU))

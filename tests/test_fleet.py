@@ -19,14 +19,17 @@ import pytest
 from helpers import gpu_data
 from test_preflight import FakeNvml, hgx
 
-from pytest_collectives.nodereport import fleet, fleetstats, fleetwrite, plots
-from pytest_collectives.nodereport import write as node_report
-from pytest_collectives.nodereport.fleet import load_reports
-from pytest_collectives.nodereport.fleetstats import judge_fleet
-from pytest_collectives.nodereport.fleetwrite import render_html, to_json
-from pytest_collectives.nodereport.nvml import read_nvml
-from pytest_collectives.nodereport.schema import ReportError, validate_data
-from pytest_collectives.nodereport.verdicts import report_checks
+from pytest_collectives.nodereport.fleet import cli as fleet
+from pytest_collectives.nodereport.fleet import stats as fleetstats
+from pytest_collectives.nodereport.fleet import write as fleetwrite
+from pytest_collectives.nodereport.fleet.cli import load_reports
+from pytest_collectives.nodereport.fleet.stats import judge_fleet
+from pytest_collectives.nodereport.fleet.write import render_html, to_json
+from pytest_collectives.nodereport.judging.nvml import read_nvml
+from pytest_collectives.nodereport.judging.verdicts import report_checks
+from pytest_collectives.nodereport.outputs import plots
+from pytest_collectives.nodereport.outputs import write as node_report
+from pytest_collectives.nodereport.outputs.schema import ReportError, validate_data
 
 NODES = 16
 SICK = "node07"  # the degraded node of the simulated fleets
@@ -373,7 +376,15 @@ def test_bad_lines_are_one_line(lines, good, tmp_path, capsys):
 def test_bad_input_from_the_command_line(good, tmp_path):
     missing = str(tmp_path / "gone.json")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest_collectives.nodereport.fleet", *good, missing, "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "pytest_collectives.nodereport.fleet.cli",
+            *good,
+            missing,
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
     )

@@ -134,6 +134,21 @@ def test_one_concern_per_subpackage():
     assert packages == concerns
 
 
+def test_the_node_report_is_in_its_families():
+    """nodereport/ holds the session's part and three families (judging, outputs, fleet), and the fleet,
+    which reads many nodes' reports, is imported by nothing that makes one."""
+    folder = ROOT / "nodereport"
+    assert {p.name for p in folder.glob("*.py")} == {"__init__.py", "collect.py", "settings.py"}
+    families = {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+    assert families == {"judging", "outputs", "fleet"}
+    importing = [
+        p.relative_to(ROOT).as_posix()
+        for p in ROOT.rglob("*.py")
+        if "nodereport.fleet" in p.read_text() and p.parent != folder / "fleet"
+    ]
+    assert not importing, importing
+
+
 def test_the_plugin_runs_without_hypothesis_or_xdist(pytester):
     # Both are extras: with neither importable (and their pytest plugins off), a distributed test runs.
     pytester.makepyfile(

@@ -11,10 +11,10 @@ from helpers import cpu_data, gpu_data
 
 import pytest_collectives
 from pytest_collectives.gate.store import BenchmarkEntry
-from pytest_collectives.nodereport import plots
 from pytest_collectives.nodereport.collect import p2p_matrix
-from pytest_collectives.nodereport.schema import DATA_SCHEMA, REPORT_SCHEMA, ReportError, validate
-from pytest_collectives.nodereport.write import write_report
+from pytest_collectives.nodereport.outputs import plots
+from pytest_collectives.nodereport.outputs.schema import DATA_SCHEMA, REPORT_SCHEMA, ReportError, validate
+from pytest_collectives.nodereport.outputs.write import write_report
 
 # matplotlib is in the `test` extra; the plots are what most of this file checks.
 imread = pytest.importorskip("matplotlib.image").imread

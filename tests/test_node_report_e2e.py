@@ -13,7 +13,7 @@ import pytest
 from docblocks import block_of, commands, pytest_args, unshown
 from helpers import copy_checkout
 
-from pytest_collectives.nodereport.schema import REPORT_SCHEMA, validate
+from pytest_collectives.nodereport.outputs.schema import REPORT_SCHEMA, validate
 
 SUITE = """
 import pytest, torch, torch.distributed as dist

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 from helpers import DATA, read_p2p
 
-from pytest_collectives.nodereport import links
-from pytest_collectives.nodereport.bandwidth import class_figures, judge_node
-from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check, NodeCheckError, overall
-from pytest_collectives.nodereport.links import expected_gbps
-from pytest_collectives.nodereport.matrix import explain_pairs
-from pytest_collectives.nodereport.peers import device_outliers, link_outliers
+from pytest_collectives.nodereport.judging import links
+from pytest_collectives.nodereport.judging.bandwidth import class_figures, judge_node
+from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check, NodeCheckError, overall
+from pytest_collectives.nodereport.judging.link_matrix import explain_pairs
+from pytest_collectives.nodereport.judging.links import expected_gbps
+from pytest_collectives.nodereport.judging.peers import device_outliers, link_outliers
 from pytest_collectives.topology.machine import parse_topo_matrix
 
 # The 8 x RTX 3090 server of the project's seed documents: NV4 pairs 0-1, 2-3, 4-5, 6-7, SYS elsewhere.

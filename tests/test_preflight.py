@@ -10,9 +10,9 @@ import jsonschema
 import pytest
 from test_topology import FakeNvml as TopologyFakeNvml
 
-from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check
-from pytest_collectives.nodereport.nvml import FACTS_SCHEMA, read_nvml, sample_throttle
-from pytest_collectives.nodereport.preflight import preflight_checks
+from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check
+from pytest_collectives.nodereport.judging.nvml import FACTS_SCHEMA, read_nvml, sample_throttle
+from pytest_collectives.nodereport.judging.preflight import preflight_checks
 
 # Values as in pynvml (nvidia-ml-py 13.x).
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -562,8 +562,8 @@ def test_the_fakes_are_the_real_pynvml_s_api(fake):
 def test_the_node_report_judges_the_preflight_and_publishes_its_facts(tmp_path):
     from helpers import gpu_data
 
-    from pytest_collectives.nodereport.schema import REPORT_SCHEMA
-    from pytest_collectives.nodereport.write import write_report
+    from pytest_collectives.nodereport.outputs.schema import REPORT_SCHEMA
+    from pytest_collectives.nodereport.outputs.write import write_report
 
     gpus = hgx()
     plant(3, width=8)(gpus)
@@ -579,7 +579,7 @@ def test_the_node_report_judges_the_preflight_and_publishes_its_facts(tmp_path):
 def test_a_gpu_run_without_nvml_warns_in_the_report(tmp_path, monkeypatch):
     from helpers import gpu_data
 
-    from pytest_collectives.nodereport.write import write_report
+    from pytest_collectives.nodereport.outputs.write import write_report
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
     report_files = write_report(tmp_path, {**gpu_data(), "preflight": read_nvml()})

@@ -147,8 +147,8 @@ def test_only_the_control_channel_unpickles() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["gate/store.py", "gate/plugin.py", "gate/report.py", "nodereport/write.py", "nodereport/collect.py",
-     "nodereport/fleet.py", "nodereport/fleetwrite.py"],
+    ["gate/store.py", "gate/plugin.py", "gate/report.py", "nodereport/outputs/write.py",
+     "nodereport/collect.py", "nodereport/fleet/cli.py", "nodereport/fleet/write.py"],
 )  # fmt: skip
 def test_files_on_disk_are_json(module: str) -> None:
     path = PACKAGE / module

@@ -20,8 +20,8 @@ import pytest
 
 from pytest_collectives.gate.store import BenchmarkEntry
 from pytest_collectives.newhooks import merged_answers
-from pytest_collectives.nodereport import nvml
-from pytest_collectives.nodereport.links import LOOPBACK_LINK, NETWORK_LINK
+from pytest_collectives.nodereport.judging import nvml
+from pytest_collectives.nodereport.judging.links import LOOPBACK_LINK, NETWORK_LINK
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 MAX_LONGREPR = 4000
@@ -186,8 +186,8 @@ class NodeReport:
 
     def finish(self, session: pytest.Session) -> None:
         from pytest_collectives.gate import plugin as gate
-        from pytest_collectives.nodereport.schema import ReportError
-        from pytest_collectives.nodereport.write import write_report
+        from pytest_collectives.nodereport.outputs.schema import ReportError
+        from pytest_collectives.nodereport.outputs.write import write_report
         from pytest_collectives.topology.machine import link_class, topology_id
 
         if why_not := _ran_nothing(session):
@@ -259,7 +259,10 @@ class NodeReport:
             return f"node report: {self.error}"
         if not self.written:
             return None
-        from pytest_collectives.nodereport.write import HTML_NAME, JSON_NAME  # plotting's imports: lazily
+        from pytest_collectives.nodereport.outputs.write import (  # plotting's imports: lazily
+            HTML_NAME,
+            JSON_NAME,
+        )
 
         said = json.loads(self.written[JSON_NAME].read_text(encoding="utf-8"))["verdict"]
         return f"node report: {said}, {self.written[HTML_NAME]}"

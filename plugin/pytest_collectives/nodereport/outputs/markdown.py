@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_collectives.nodereport.checks import TABLE, Check, worst_first
+from pytest_collectives.nodereport.judging.checks import TABLE, Check, worst_first
 
 
 def _md(value: Any) -> str:

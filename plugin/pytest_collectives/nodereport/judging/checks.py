@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_collectives.nodereport.links import LOOPBACK_LINK
+from pytest_collectives.nodereport.judging.links import LOOPBACK_LINK
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 STATUSES = (PASS, WARN, FAIL)  # best first

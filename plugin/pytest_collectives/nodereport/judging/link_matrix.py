@@ -15,8 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from pytest_collectives.nodereport.checks import NodeCheckError
-from pytest_collectives.nodereport.links import LOOPBACK_LINK, NETWORK_LINK, NV_LINK, PCIE_ORDER, link_meaning
+from pytest_collectives.nodereport.judging.checks import NodeCheckError
+from pytest_collectives.nodereport.judging.links import (
+    LOOPBACK_LINK,
+    NETWORK_LINK,
+    NV_LINK,
+    PCIE_ORDER,
+    link_meaning,
+)
 from pytest_collectives.topology.machine import UNKNOWN_LINK, link_rank, normalize_link
 
 

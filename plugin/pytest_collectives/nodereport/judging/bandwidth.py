@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_collectives.nodereport.checks import (
+from pytest_collectives.nodereport.judging.checks import (
     DEFAULT_THRESHOLD,
     DEFAULT_WARN,
     FAIL,
@@ -34,9 +34,9 @@ from pytest_collectives.nodereport.checks import (
     overall,
     status_for,
 )
-from pytest_collectives.nodereport.links import NV_LINK, PCIE_ORDER, expected_gbps, floor_advice
-from pytest_collectives.nodereport.matrix import LinkMatrix, is_number, join_names, read_matrix
-from pytest_collectives.nodereport.peers import MIN_PEER_PAIRS, device_outliers, link_outliers
+from pytest_collectives.nodereport.judging.link_matrix import LinkMatrix, is_number, join_names, read_matrix
+from pytest_collectives.nodereport.judging.links import NV_LINK, PCIE_ORDER, expected_gbps, floor_advice
+from pytest_collectives.nodereport.judging.peers import MIN_PEER_PAIRS, device_outliers, link_outliers
 from pytest_collectives.topology.machine import UNKNOWN_LINK
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from pytest_collectives.errors import OneLineError
-from pytest_collectives.nodereport.checks import (
+from pytest_collectives.nodereport.judging.checks import (
     PASS,
     STATUSES,
     Check,

@@ -23,7 +23,7 @@ def code(value: Any) -> Markup:
 
 
 _ENVIRONMENT = jinja2.Environment(
-    loader=jinja2.PackageLoader("pytest_collectives.nodereport", "templates"),
+    loader=jinja2.PackageLoader("pytest_collectives.nodereport.outputs", "templates"),
     autoescape=True,
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,

@@ -57,13 +57,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_collectives.atomic import write_atomic
-from pytest_collectives.nodereport.checks import overall
-from pytest_collectives.nodereport.html import render_html
-from pytest_collectives.nodereport.junit import render_junit
-from pytest_collectives.nodereport.markdown import render_markdown
-from pytest_collectives.nodereport.plots import draw_plots
-from pytest_collectives.nodereport.schema import REPORT_SCHEMA, validate, validate_data
-from pytest_collectives.nodereport.verdicts import report_checks
+from pytest_collectives.nodereport.judging.checks import overall
+from pytest_collectives.nodereport.judging.verdicts import report_checks
+from pytest_collectives.nodereport.outputs.html import render_html
+from pytest_collectives.nodereport.outputs.junit import render_junit
+from pytest_collectives.nodereport.outputs.markdown import render_markdown
+from pytest_collectives.nodereport.outputs.plots import draw_plots
+from pytest_collectives.nodereport.outputs.schema import REPORT_SCHEMA, validate, validate_data
 
 SCHEMA_VERSION = 1
 JSON_NAME, HTML_NAME, JUNIT_NAME, MARKDOWN_NAME = "report.json", "report.html", "report.xml", "report.md"

@@ -13,9 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_collectives.nodereport.checks import FAIL, PASS, WARN, Check
-from pytest_collectives.nodereport.gpumemory import judge_ecc, judge_retired_pages, judge_row_remapping
-from pytest_collectives.nodereport.nvml import (
+from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check
+from pytest_collectives.nodereport.judging.gpumemory import (
+    judge_ecc,
+    judge_retired_pages,
+    judge_row_remapping,
+)
+from pytest_collectives.nodereport.judging.nvml import (
     label,
     labels,
     listed,

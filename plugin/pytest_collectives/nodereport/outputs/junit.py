@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 from xml.etree import ElementTree
 
-from pytest_collectives.nodereport.checks import FAIL, TABLE, Check
+from pytest_collectives.nodereport.judging.checks import FAIL, TABLE, Check
 
 
 def render_junit(report: Mapping[str, Any]) -> str:

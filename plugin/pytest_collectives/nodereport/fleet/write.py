@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_collectives.atomic import write_atomic
-from pytest_collectives.nodereport import pages
-from pytest_collectives.nodereport.checks import MODIFIED_Z
-from pytest_collectives.nodereport.fleetstats import MIN_NODES, FleetResult
+from pytest_collectives.nodereport.fleet.stats import MIN_NODES, FleetResult
+from pytest_collectives.nodereport.judging.checks import MODIFIED_Z
+from pytest_collectives.nodereport.outputs import pages
 
 SCHEMA_VERSION = 1
 JSON_NAME, HTML_NAME = "fleet.json", "fleet.html"

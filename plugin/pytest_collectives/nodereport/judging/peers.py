@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
-from pytest_collectives.nodereport.checks import (
+from pytest_collectives.nodereport.judging.checks import (
     DEFAULT_THRESHOLD,
     DEFAULT_WARN,
     PASS,
@@ -27,8 +27,8 @@ from pytest_collectives.nodereport.checks import (
     robust,
     status_for,
 )
-from pytest_collectives.nodereport.links import HOST_ADVICE, LOOPBACK_LINK, link_advice
-from pytest_collectives.nodereport.matrix import LinkMatrix, is_number, join_names, read_matrix
+from pytest_collectives.nodereport.judging.link_matrix import LinkMatrix, is_number, join_names, read_matrix
+from pytest_collectives.nodereport.judging.links import HOST_ADVICE, LOOPBACK_LINK, link_advice
 from pytest_collectives.topology.machine import UNKNOWN_LINK
 
 # A class median stands for "what a healthy pair reaches" only when healthy pairs can outvote a bad one.

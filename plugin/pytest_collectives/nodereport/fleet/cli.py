@@ -30,8 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pytest_collectives.nodereport.checks import FAIL, PASS, WARN
-from pytest_collectives.nodereport.fleetstats import (
+from pytest_collectives.nodereport.fleet.stats import (
     DEFAULT_FAIL_BELOW,
     DEFAULT_WARN_BELOW,
     HIGHER,
@@ -44,9 +43,10 @@ from pytest_collectives.nodereport.fleetstats import (
     check_levels,
     judge_fleet,
 )
-from pytest_collectives.nodereport.fleetwrite import write_fleet
-from pytest_collectives.nodereport.schema import REPORT_SCHEMA, ReportError, validate
-from pytest_collectives.nodereport.sizes import human_bytes
+from pytest_collectives.nodereport.fleet.write import write_fleet
+from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN
+from pytest_collectives.nodereport.outputs.schema import REPORT_SCHEMA, ReportError, validate
+from pytest_collectives.nodereport.outputs.sizes import human_bytes
 
 _WHERE_FROM = "give the report.json that `pytest --node-report DIR` writes"
 

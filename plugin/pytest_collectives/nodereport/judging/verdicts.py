@@ -14,13 +14,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_collectives.gate.statistics import INSUFFICIENT_DATA, REGRESSION
-from pytest_collectives.nodereport import preflight
-from pytest_collectives.nodereport.bandwidth import judge_node
-from pytest_collectives.nodereport.checks import FAIL, PASS, STATUSES, TABLE, WARN, Check, NodeCheckError
-from pytest_collectives.nodereport.links import PCIE_ADVICE
-from pytest_collectives.nodereport.matrix import join_names
-from pytest_collectives.nodereport.peers import Outlier, peer_outliers
-from pytest_collectives.nodereport.schema import ReportError, has_pairs
+from pytest_collectives.nodereport.judging import preflight
+from pytest_collectives.nodereport.judging.bandwidth import judge_node
+from pytest_collectives.nodereport.judging.checks import (
+    FAIL,
+    PASS,
+    STATUSES,
+    TABLE,
+    WARN,
+    Check,
+    NodeCheckError,
+)
+from pytest_collectives.nodereport.judging.link_matrix import join_names
+from pytest_collectives.nodereport.judging.links import PCIE_ADVICE
+from pytest_collectives.nodereport.judging.peers import Outlier, peer_outliers
+from pytest_collectives.nodereport.outputs.schema import ReportError, has_pairs
 
 
 def report_checks(data: Mapping[str, Any]) -> list[Check]:
