@@ -9,12 +9,18 @@
 # the modules kept ("Legend needs either Axes or FigureBase as parent").
 import contextlib
 import multiprocessing.forkserver  # noqa: F401
+import sys
+from pathlib import Path
 
 import pytest
 import torch  # noqa: F401
 from hypothesis import settings
 
-import pytest_collectives.conformance.cases  # noqa: F401
+# The tests' support modules (helpers, docblocks, the planted backends) live apart from the tests, in
+# support/; they are imported by name, as --backend-module names a planted backend.
+sys.path.insert(0, str(Path(__file__).parent / "support"))
+
+import pytest_collectives.conformance.cases  # noqa: E402, F401
 import pytest_collectives.execution.pool  # noqa: F401
 
 with contextlib.suppress(ImportError):  # an extra; without it the plots are skipped

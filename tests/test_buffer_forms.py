@@ -9,17 +9,14 @@ it is given (mutant_backends.RecordsBufferForms), over the conformance suites at
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from helpers import copy_conformance, torch_below
+from helpers import SUPPORT, copy_conformance, torch_below
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13"),
 ]
 
-TESTS = Path(__file__).resolve().parent
 FILES = ("test_all_reduce.py", "test_reduce_scatter.py", "test_operations.py")
 OWN = ("test_point_to_point.py", "test_layouts.py")
 # the rows of the registered algorithms and decompositions, by their ids (the backend's own rows are named
@@ -55,7 +52,7 @@ def test_the_algorithms_pass_the_backend_only_forms_its_own_tests_draw(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     copy_conformance(pytester.path, FILES + OWN)
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    monkeypatch.setenv("PYTHONPATH", str(SUPPORT))
     monkeypatch.setenv("ACME_FORMS", str(pytester.path / "algorithms"))
     algorithms = recorded(pytester, "algorithms", FILES, f"({ALGORITHMS}) and not rejects")
     monkeypatch.setenv("ACME_FORMS", str(pytester.path / "own"))

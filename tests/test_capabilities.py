@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from docblocks import block_of, unshown
-from helpers import copy_conformance, torch_below
+from helpers import SUPPORT, copy_conformance, torch_below
 
 from pytest_collectives.algorithms.reference import defined
 from pytest_collectives.conformance import known_bugs
@@ -428,7 +428,7 @@ def test_a_soak_s_replay_commands_reproduce_their_failures_as_typed(pytester, mo
     out = soak.stdout.str()
     replays = re.findall(r"failed in \d+ of \d+ passes, .*; replay: (pytest .+)$", out, re.M)
     assert any("[ws3-all_reduce]" in command for command in replays), out[-3000:]
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # where mutant_backends is, as typed
+    monkeypatch.setenv("PYTHONPATH", str(SUPPORT))  # where mutant_backends is, as typed
     for command in replays:
         args = shlex.split(command)[1:]
         again = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")

@@ -63,7 +63,7 @@ def test_a_block_of_output_is_held_to_what_printed_it() -> None:
             test = ROOT / b.printed_by.split()[0]
             assert test.is_file() and "unshown(" in test.read_text(), f"{b.where}: {b.printed_by}"
     assert any(b.printed_by == SUITES_RUN for b in ALL)
-    assert re.search(r"^python3 tests/docblocks\.py \S+$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+    assert re.search(r"^python3 tests/support/docblocks\.py \S+$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
 
 
 def test_a_block_that_is_not_run_says_why() -> None:
@@ -231,8 +231,12 @@ def test_json_block(block: Block, tmp_path: Path) -> None:
 def test_every_file_of_the_tests_is_in_their_readme() -> None:
     """tests/README.md maps each file here to the part it proves: a new file is added to it."""
     readme = (ROOT / "tests" / "README.md").read_text()
-    missing = [p.name for p in sorted((ROOT / "tests").glob("*.py")) if f"`{p.name}`" not in readme]
+    files = [*(ROOT / "tests").glob("*.py"), *(ROOT / "tests" / "support").glob("*.py")]
+    missing = [p.name for p in sorted(files) if f"`{p.name}`" not in readme]
     assert not missing, f"tests/README.md does not say what these are for: {missing}"
+    # the tests apart from what supports them: only tests and the conftest beside them
+    beside = [p.name for p in (ROOT / "tests").glob("*.py") if not p.name.startswith("test_")]
+    assert beside == ["conftest.py"], f"a support module among the tests (its place: support/): {beside}"
 
 
 def test_every_measurement_script_is_on_the_measurements_page_and_not_among_the_tests() -> None:

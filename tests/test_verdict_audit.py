@@ -9,17 +9,15 @@ before its fix. The last rows are the controls: the clean reference backend pass
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from helpers import SUITES, copy_conformance, torch_below
+from helpers import SUITES, SUPPORT, copy_conformance, torch_below
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13"),
 ]
 
-TESTS = Path(__file__).resolve().parent
 ALL_REDUCE = ["test_all_reduce.py", "-k", "exact_reference and -all_reduce]"]
 SWEEP = ["--backend-env", "ACME_PROTO=LL,LL128"]
 P2P = ["test_p2p.py", "-k", "send_bandwidth and send_recv-unidir", "--max-bytes", "4K", "--world-sizes", "2"]
@@ -83,7 +81,7 @@ def test_each_planted_bug_gets_its_verdict_in_each_mode(
     copy_conformance(pytester.path, ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py"))
     for path in (SUITES / "perf").glob("*.py"):
         (pytester.path / path.name).write_text(path.read_text())
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    monkeypatch.setenv("PYTHONPATH", str(SUPPORT))
     monkeypatch.setenv("ACME_PROTO", "")
     for name, value in env.items():
         monkeypatch.setenv(name, value.format(tmp=pytester.path))

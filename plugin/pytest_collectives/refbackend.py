@@ -1,5 +1,5 @@
 """Reference backends written in Python, for trying the conformance suites on a backend that is not gloo
-or NCCL, and for planting bugs in one (tests/mutant_backends.py).
+or NCCL, and for planting bugs in one (tests/support/mutant_backends.py).
 
 ``refgloo``: a ``dist.ProcessGroup`` subclass that hands every call a Python process group may override to
 a gloo group of its own. Calls it can't override (reduce, gather, scatter and the single-tensor

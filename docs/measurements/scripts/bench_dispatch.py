@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[3] / "tests"  # helpers and the mutant backends the tests use
+# the tests' support modules: helpers and the mutant backends the tests use
+TESTS = Path(__file__).resolve().parents[3] / "tests" / "support"
 sys.path.insert(0, str(TESTS))
 from helpers import module_task  # noqa: E402
 

@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the tests' helpers (module_task)
+# the tests' helpers (module_task)
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "support"))
 
 ALL_REDUCE_BODY = """\
     t = torch.ones(1)

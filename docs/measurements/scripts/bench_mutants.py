@@ -1,5 +1,5 @@
 """The mutant table of the README: how often the conformance suites catch each backend that is wrong on
-purpose (tests/mutant_backends.py), after how many examples, and the minimal example they print.
+purpose (tests/support/mutant_backends.py), after how many examples, and the minimal example they print.
 
     python docs/measurements/scripts/bench_mutants.py [--runs 5] [--mutant NAME ...]
 
@@ -18,7 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[3] / "tests"  # helpers and the mutant backends the tests use
+# the tests' support modules: helpers and the mutant backends the tests use
+TESTS = Path(__file__).resolve().parents[3] / "tests" / "support"
 sys.path.insert(0, str(TESTS))
 from helpers import copy_conformance  # noqa: E402
 from test_capabilities import MUTANTS  # noqa: E402

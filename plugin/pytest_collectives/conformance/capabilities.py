@@ -164,7 +164,8 @@ def probe(pg: Any) -> Capabilities:
     n, found = pg.world_size, {}
     # First, before any call it may refuse: gloo's barrier waits on, and raises the error of, any earlier
     # call its worker threads still hold, so a barrier after a refusal may raise on one rank while the
-    # others wait in it (the probe hung so on torch 2.2; tests/mutant_backends.py plants it on every probe).
+    # others wait in it (the probe hung so on torch 2.2; tests/support/mutant_backends.py plants it on every
+    # probe).
     for name, call in _WHOLE_GROUP.items():
         found[name, NO_OP, NO_OP] = _attempt(call, None, n, NO_OP, pg)
 

@@ -3,7 +3,7 @@ runs the jobs' commands as the README types them and holds their shown output to
 
 A comment on the line above a block's fence says what the reader can't see: ``<!-- not run here: WHY -->``,
 or above a block of output, ``<!-- printed by: COMMAND -->``. The blocks printed by ``pytest suites`` are
-held to what .ci/run's run of the suites printed: ``python3 tests/docblocks.py LOG``."""
+held to what .ci/run's run of the suites printed: ``python3 tests/support/docblocks.py LOG``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 MARK = re.compile(r"<!-- (?P<kind>not run here|printed by): (?P<what>[^>]*\S) -->")
 SUITES_RUN = "pytest suites"  # what .ci/run runs (tox -e suites), whose output it keeps

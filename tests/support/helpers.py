@@ -51,7 +51,7 @@ def outcomes(junit: Path) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------------------
 # Node report data: what write_report takes
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TOPO = parse_topo_matrix((DATA / "rtx3090x8_topo_m.txt").read_text())
 
 
@@ -132,7 +132,8 @@ def gpu_data() -> dict:
     return data
 
 
-SUITES = Path(__file__).resolve().parents[1] / "suites"
+SUITES = Path(__file__).resolve().parents[2] / "suites"
+SUPPORT = Path(__file__).resolve().parent  # these modules: a PYTHONPATH that finds the planted backends
 
 
 def torch_below(major: int, minor: int) -> bool:
