@@ -153,3 +153,4 @@ def test_a_malformed_node_check_leaves_the_report_unwritten_naming_it(pytester: 
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["node report not written: report data: extensions*acme.nic*status*BROKEN*"])
     assert not (pytester.path / "report" / "report.json").exists()
+    result.stdout.fnmatch_lines(["*collectives: verdicts*", "node report: FAIL, not written: report data:*"])

@@ -240,7 +240,9 @@ class CapabilityMatrix:
         """Whether conformance tests were selected and none ran: every one N/A or skipped, so no cell was
         tried. Such a run proves nothing and must not pass."""
         return (
-            self.reports() and not self.ran and not any(t.passed or t.failed for t in self.tallies.values())
+            self.reports()
+            and not self.ran
+            and not any(t.passed or t.failed for t in self.tallies.values())
         )
 
     def finish(self, session: pytest.Session) -> None:
@@ -395,7 +397,7 @@ def _cell(row: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def _named(cell: tuple[str, str, str]) -> str:
-    """ "all_reduce float32 sum", "broadcast int8": a cell in a line, its "-" left out."""
+    """"all_reduce float32 sum", "broadcast int8": a cell in a line, its "-" left out."""
     return " ".join(part for part in cell if part != "-")
 
 
@@ -584,10 +586,8 @@ def mismatch_lines(rows: list[dict[str, Any]]) -> list[str]:
     by_operation: dict[str, list[str]] = {}
     for r in silent:
         by_operation.setdefault(r["operation"], []).append(r["kind"])
-    lines += [
-        f"  {operation}: {' and '.join(kinds)}, returned on every rank"
-        for operation, kinds in by_operation.items()
-    ]
+    lines += [f"  {operation}: {' and '.join(kinds)}, returned on every rank"
+              for operation, kinds in by_operation.items()]
     return lines
 
 

@@ -164,6 +164,7 @@ class NodeReport:
         self.failures: list[dict[str, str]] = []
         self.written: dict[str, Path] = {}
         self.error = ""
+        self.failed = False  # the report could not be written, which fails the run
         # NVML is read before the first test (idle GPUs) and again at the end (after load), because PCIe
         # link speed and clock throttling both change with load. A CPU run has nothing to read.
         self.preflight = nvml.read_nvml() if gpus else None
@@ -234,14 +235,16 @@ class NodeReport:
                 self.config.hook.pytest_collectives_node_checks(config=self.config)
             )
         except ValueError as exc:
-            self.error = f"node report not written: {exc}"
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            self._not_written(session, exc)
             return
         try:
             self.written = write_report(self.directory, data)
         except (ReportError, OSError) as exc:
-            self.error = f"node report not written: {exc}"
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            self._not_written(session, exc)
+
+    def _not_written(self, session: pytest.Session, exc: Exception) -> None:
+        self.error, self.failed = f"node report not written: {exc}", True
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _configurations(self) -> dict[str, Any]:
         """Under --backend-env, the tests' counts of each configuration (``configurations``)."""
@@ -255,8 +258,8 @@ class NodeReport:
 
     def verdict(self) -> str | None:
         """The closing line: the report's own verdict and where it is, or why none was written."""
-        if self.error:
-            return f"node report: {self.error}"
+        if self.error:  # a FAIL where not writing it failed the run, not where nothing ran to report on
+            return f"node report: {'FAIL, ' if self.failed else ''}{self.error.removeprefix('node report ')}"
         if not self.written:
             return None
         from pytest_collectives.nodereport.outputs.write import (  # plotting's imports: lazily
