@@ -63,7 +63,8 @@ def test_a_block_of_output_is_held_to_what_printed_it() -> None:
             test = ROOT / b.printed_by.split()[0]
             assert test.is_file() and "unshown(" in test.read_text(), f"{b.where}: {b.printed_by}"
     assert any(b.printed_by == SUITES_RUN for b in ALL)
-    assert re.search(r"^python3 tests/support/docblocks\.py \S+$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^python3 tests/support/docblocks\.py \S+$", ci, re.MULTILINE)
 
 
 def test_a_block_that_is_not_run_says_why() -> None:
