@@ -44,8 +44,11 @@ class _Recorder:
 
 
 def _text(rst: str) -> str:
-    """A help text or docstring as Markdown: argparse's ``%%``, RST's double backquotes, no stray tags."""
-    return re.sub(r"``(.+?)``", r"`\1`", rst.replace("%%", "%")).replace("<topology-id>", "\\<topology-id\\>")
+    """A help text or docstring as Markdown: argparse's ``%%``, RST's double backquotes, and a ``<name>``
+    outside code escaped (Markdown would take it for an HTML tag and drop it)."""
+    parts = re.sub(r"``(.+?)``", r"`\1`", rst.replace("%%", "%")).split("`")
+    parts[::2] = [re.sub(r"<([\w-]+)>", r"\\<\1\\>", part) for part in parts[::2]]  # outside code spans
+    return "`".join(parts)
 
 
 def options() -> list[str]:

@@ -42,9 +42,12 @@ OPTIONS = (
            "judge, else it fails (default 0.5); 0 lets a run with no benchmark results pass",
            metavar="FRACTION", default=str(DEFAULT_MIN_JUDGED)),
     Option("gate_report", "write the verdict as gate.json and gate.md into DIR", metavar="DIR"),
-    Option("baseline_dir", "where per-topology baselines live (default: baselines/ under the rootdir)",
-           ini="string", flag=False),
 )  # fmt: skip
+BASELINE_DIR = Option(
+    "baseline_dir", "where per-topology baselines live (default: baselines/ under the rootdir)", ini="string",
+    flag=False,
+)
+OPTIONS += (BASELINE_DIR,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,7 @@ def read(config: pytest.Config) -> GateSettings:
         tolerance=None if tolerance is None else fraction("--machine-tolerance", str(tolerance), None),
         min_judged=fraction("--min-judged", str(opt("min_judged")), 1, closed=True),
         keep=int(keep),
-        root=config.rootpath / (OPTIONS[-1].value(config) or "baselines"),
+        root=config.rootpath / (BASELINE_DIR.value(config) or "baselines"),
         benchmark_skip=bool(opt("benchmark_skip", False)),
         benchmark_disable=bool(opt("benchmark_disable", False)),
         under_xdist=bool(opt("numprocesses", None)),

@@ -9,18 +9,15 @@ import pytest
 from pytest_collectives.errors import OptionError
 from pytest_collectives.option import Option
 
-OPTIONS = (
-    Option(
-        "node_report",
-        "write a node validation report (report.html, report.json, plots) into DIR",
-        metavar="DIR",
-    ),
+NODE_REPORT = Option(
+    "node_report", "write a node validation report (report.html, report.json, plots) into DIR", metavar="DIR"
 )
+OPTIONS = (NODE_REPORT,)
 
 
 def read(config: pytest.Config) -> Path | None:
     """The folder to write the report into; None without --node-report."""
-    given = OPTIONS[0].value(config)
+    given = NODE_REPORT.value(config)
     if not given:
         return None
     directory = Path(given)
