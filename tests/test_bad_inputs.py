@@ -18,7 +18,7 @@ import pytest
 
 from pytest_collectives.execution import options
 from pytest_collectives.gate.store import BenchmarkEntry, save_baseline
-from pytest_collectives.topology.machine import detect
+from pytest_collectives.topology.detect import detect
 
 USAGE, COLLECTION = pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERRUPTED
 BASELINE = pytest.ExitCode.TESTS_FAILED

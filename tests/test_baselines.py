@@ -25,7 +25,7 @@ from pytest_collectives.gate.store import (
 )
 from pytest_collectives.schemas import load_schema
 from pytest_collectives.schemas.validation import first_error
-from pytest_collectives.topology.machine import topology_id
+from pytest_collectives.topology.identity import topology_id
 
 REPO = Path(__file__).parent.parent
 

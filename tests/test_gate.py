@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_collectives.topology.machine import Fingerprint, detect, topology_id
+from pytest_collectives.topology.detect import detect
+from pytest_collectives.topology.fingerprint import Fingerprint
+from pytest_collectives.topology.identity import topology_id
 
 # The gate's verdicts judge real timings, which a test beside it under -n would skew.
 pytestmark = pytest.mark.alone
@@ -226,7 +228,7 @@ def test_corrupt_baseline_is_a_one_line_error(pytester, bench_dir, content, fiel
 def seed_baseline(root: Path, names: list[str], runs: int = 3) -> None:
     """A baseline of this machine's topology holding ``names``, without timing a run for each."""
     from pytest_collectives.gate.store import BenchmarkEntry, save_baseline
-    from pytest_collectives.topology.machine import detect
+    from pytest_collectives.topology.detect import detect
 
     results = {name: BenchmarkEntry.from_samples([0.01 + 0.0001 * k for k in range(15)]) for name in names}
     for _ in range(runs):
@@ -316,7 +318,7 @@ def test_a_topology_that_cannot_be_read_is_a_usage_error_before_the_tests(
     pytester, bench_dir, monkeypatch, args
 ) -> None:
     from pytest_collectives.gate import plugin as gate_plugin
-    from pytest_collectives.topology.machine import physical_indices
+    from pytest_collectives.topology.detect import physical_indices
 
     # What detect() meets on a node whose CUDA_VISIBLE_DEVICES names GPUs by UUID.
     monkeypatch.setattr(gate_plugin, "detect", lambda backend, gpus: physical_indices(1, "GPU-5f0c"))

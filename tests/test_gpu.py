@@ -58,7 +58,8 @@ def test_gpu_usage_errors_name_the_count(pytester: pytest.Pytester) -> None:
 
 
 def test_topology_fingerprint_on_gpu() -> None:
-    from pytest_collectives.topology.machine import detect, topology_id
+    from pytest_collectives.topology.detect import detect
+    from pytest_collectives.topology.identity import topology_id
 
     fp = detect("nccl", gpu_count())
     assert topology_id(fp).startswith(f"gpu-{gpu_count()}x-")

@@ -11,7 +11,7 @@ from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check
 from pytest_collectives.nodereport.judging.link_matrix import explain_pairs
 from pytest_collectives.nodereport.judging.links import expected_gbps
 from pytest_collectives.nodereport.judging.peers import device_outliers, link_outliers
-from pytest_collectives.topology.machine import parse_topo_matrix
+from pytest_collectives.topology.links import parse_topo_matrix
 
 # The 8 x RTX 3090 server of the project's seed documents: NV4 pairs 0-1, 2-3, 4-5, 6-7, SYS elsewhere.
 TOPO_TEXT = (DATA / "rtx3090x8_topo_m.txt").read_text()

@@ -437,7 +437,7 @@ def test_two_nodes_label_the_pairs_of_the_matrix_inter_and_intra_node(tmp_path: 
 @pytest.mark.slow
 def test_a_bad_baseline_stops_every_rank_before_the_tests(tmp_path: Path) -> None:
     from pytest_collectives.gate.store import baseline_path
-    from pytest_collectives.topology.machine import detect as detect_topology
+    from pytest_collectives.topology.detect import detect as detect_topology
 
     (tmp_path / "test_bench.py").write_text(
         "import pytest\n\n"

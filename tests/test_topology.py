@@ -8,23 +8,18 @@ from pathlib import Path
 import pytest
 from helpers import cpu_fingerprint
 
-from pytest_collectives.topology import machine as topology
+from pytest_collectives.topology import detect as topology
 from pytest_collectives.topology.compare import described, differences, looks_degraded, nearest
-from pytest_collectives.topology.machine import (
-    Fingerprint,
-    FingerprintError,
-    GpuInfo,
-    TopologyError,
+from pytest_collectives.topology.detect import (
     detect,
     detect_cpu,
     gpus_from_nvml,
     gpus_from_smi,
-    link_class,
-    parse_topo_matrix,
     physical_indices,
-    software_changes,
-    topology_id,
 )
+from pytest_collectives.topology.fingerprint import Fingerprint, FingerprintError, GpuInfo
+from pytest_collectives.topology.identity import link_class, software_changes, topology_id
+from pytest_collectives.topology.links import TopologyError, normalize_link, parse_topo_matrix
 
 DATA = Path(__file__).parent / "data"
 # rtx3090x8: the 8 x RTX 3090 server from the project's seed documents. h100x1: captured on an H100 machine.
@@ -121,7 +116,7 @@ def test_older_driver_format():
     m = parse_topo_matrix(text)
     assert m.devices == ("GPU0", "GPU1", "mlx5_0")
     assert m.link("GPU0", "GPU1") == "SOC"
-    assert topology.normalize_link(m.link("GPU0", "GPU1")) == "SYS"
+    assert normalize_link(m.link("GPU0", "GPU1")) == "SYS"
     assert m.affinity["GPU1"] == {"CPU Affinity": "8-15"}
 
 

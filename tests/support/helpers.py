@@ -12,7 +12,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from pytest_collectives.execution.messages import Task
-from pytest_collectives.topology.machine import Fingerprint, GpuInfo, parse_topo_matrix, topology_id
+from pytest_collectives.topology.fingerprint import Fingerprint, GpuInfo
+from pytest_collectives.topology.identity import topology_id
+from pytest_collectives.topology.links import parse_topo_matrix
 
 # Load the plugin by module name, so a checkout's copy on PYTHONPATH wins over an installed one.
 PLUGIN = ["-p", "no:collectives", "-p", "pytest_collectives.hooks", "-p", "no:cacheprovider"]

@@ -2,7 +2,7 @@
 
 Results come from pytest-benchmark's own session (distributed benchmarks feed it from the ranks, plain
 ones time themselves), so every benchmark of the run is gated the same way. The rule lives in
-statistics.py, the files in store.py, the text in report.py, the topology in topology/machine.py; this
+statistics.py, the files in store.py, the text in report.py, the topology in topology/; this
 module only wires them to the session: save, resolve, judge, measure the flagged ones again, report, and
 set the exit status.
 """
@@ -47,7 +47,10 @@ from pytest_collectives.gate.store import (
 )
 from pytest_collectives.newhooks import merged_answers
 from pytest_collectives.topology.compare import described, looks_degraded, nearest
-from pytest_collectives.topology.machine import Fingerprint, TopologyError, detect, topology_id
+from pytest_collectives.topology.detect import detect
+from pytest_collectives.topology.fingerprint import Fingerprint
+from pytest_collectives.topology.identity import topology_id
+from pytest_collectives.topology.links import TopologyError
 
 SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list them all
 

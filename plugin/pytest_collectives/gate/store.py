@@ -35,7 +35,8 @@ from pytest_collectives.atomic import write_atomic
 from pytest_collectives.errors import OneLineError
 from pytest_collectives.schemas import load_schema
 from pytest_collectives.schemas.validation import first_error
-from pytest_collectives.topology.machine import Fingerprint, FingerprintError, topology_id
+from pytest_collectives.topology.fingerprint import Fingerprint, FingerprintError
+from pytest_collectives.topology.identity import topology_id
 
 SCHEMA_VERSION = 2
 DEFAULT_NAME = "baseline"

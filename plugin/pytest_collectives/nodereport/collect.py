@@ -189,7 +189,7 @@ class NodeReport:
         from pytest_collectives.gate import plugin as gate
         from pytest_collectives.nodereport.outputs.schema import ReportError
         from pytest_collectives.nodereport.outputs.write import write_report
-        from pytest_collectives.topology.machine import link_class, topology_id
+        from pytest_collectives.topology.identity import link_class, topology_id
 
         if why_not := _ran_nothing(session):
             self.error = f"node report not written: {why_not}"  # a report says what ran, and nothing did

@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from pytest_collectives.topology.machine import Fingerprint, link_rank, normalize_link, topology_id
+from pytest_collectives.topology.fingerprint import Fingerprint
+from pytest_collectives.topology.identity import topology_id
+from pytest_collectives.topology.links import link_rank, normalize_link
 
 SHOWN = 4  # differences named in a message; the rest are counted
 

@@ -23,7 +23,7 @@ from pytest_collectives.nodereport.judging.links import (
     PCIE_ORDER,
     link_meaning,
 )
-from pytest_collectives.topology.machine import UNKNOWN_LINK, link_rank, normalize_link
+from pytest_collectives.topology.links import UNKNOWN_LINK, link_rank, normalize_link
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """NVML facts: the GPU health that makes a communication measurement meaningless when it is bad, read once
 before the run (and sampled again under load), and the names a verdict gives the GPUs they describe.
 
-NVML is the `pynvml` module of the optional package nvidia-ml-py, as in topology/machine.py. Reading is kept
+NVML is the `pynvml` module of the optional package nvidia-ml-py, as in topology/detect.py. Reading is kept
 apart from judging (preflight.py) so that the facts can travel in report.json, validated by `FACTS_SCHEMA`,
 and be judged again from there:
 

@@ -29,7 +29,7 @@ from pytest_collectives.nodereport.judging.checks import (
 )
 from pytest_collectives.nodereport.judging.link_matrix import LinkMatrix, is_number, join_names, read_matrix
 from pytest_collectives.nodereport.judging.links import HOST_ADVICE, LOOPBACK_LINK, link_advice
-from pytest_collectives.topology.machine import UNKNOWN_LINK
+from pytest_collectives.topology.links import UNKNOWN_LINK
 
 # A class median stands for "what a healthy pair reaches" only when healthy pairs can outvote a bad one.
 MIN_PEER_PAIRS = 3

@@ -17,7 +17,7 @@ from pytest_collectives.errors import OneLineError
 from pytest_collectives.gate.statistics import DEFAULT_THRESHOLD
 from pytest_collectives.schemas import load_schema
 from pytest_collectives.schemas.validation import first_error, shown
-from pytest_collectives.topology.machine import Fingerprint, FingerprintError
+from pytest_collectives.topology.fingerprint import Fingerprint, FingerprintError
 
 # The schema is published with the package (schemas/node-report.schema.json) for fleet tooling to validate
 # report.json with; the input of write_report is the same document less what write_report adds.
