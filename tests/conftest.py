@@ -21,7 +21,7 @@ from hypothesis import settings
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 import pytest_collectives.conformance.cases  # noqa: E402, F401
-import pytest_collectives.execution.pool  # noqa: F401
+import pytest_collectives.execution.launchers.warm_groups  # noqa: F401
 
 with contextlib.suppress(ImportError):  # an extra; without it the plots are skipped
     import matplotlib.backends.backend_agg  # noqa: F401

@@ -15,9 +15,9 @@ from helpers import copy_checkout, copy_conformance, torch_below
 from pytest_collectives.bench import side_by_side
 from pytest_collectives.conformance.matrix import changes, differences
 from pytest_collectives.execution import configurations
+from pytest_collectives.execution.collection import one_configuration_at_a_time
 from pytest_collectives.execution.configurations import Configuration, parse
 from pytest_collectives.execution.options import OptionError
-from pytest_collectives.execution.session import one_configuration_at_a_time
 
 
 def test_each_combination_of_the_values_is_a_configuration_in_the_order_given() -> None:

@@ -71,7 +71,7 @@ def test_other_errors_are_not_refusals(exc, backend):
 
 def test_a_backend_declares_its_refusals():
     """A vendor's backend module says what its backend refuses, in its words, and nothing else is N/A."""
-    from pytest_collectives.backends import refuses
+    from pytest_collectives.backend_declarations import refuses
 
     refuses("test_vendor", r"vendorccl: dtype \w+ unsupported", like="gloo")
     assert refusal(RuntimeError("vendorccl: dtype Float8_e4m3fn unsupported"), "test_vendor")
@@ -570,7 +570,7 @@ def test_a_group_a_test_left_in_a_group_call_is_replaced_before_the_next_test(
     declares it clean after a raise (backends.clean_after_a_raise), unasked."""
     pytester.makepyfile(
         declared="""
-        from pytest_collectives.backends import clean_after_a_raise
+        from pytest_collectives.backend_declarations import clean_after_a_raise
         from pytest_collectives.refbackend import NcclRulesBackend, register
 
         class Declared(NcclRulesBackend):
@@ -632,7 +632,7 @@ def test_nan_dropped_in_max_is_the_backends_semantics_not_a_failure(pytester: py
 
 
 def test_only_gloo_is_trusted_after_a_call_raised():
-    from pytest_collectives.execution.rank import unfit_after_raising
+    from pytest_collectives.execution.ranks.pending import unfit_after_raising
 
     assert unfit_after_raising("nccl", []) == []
     assert unfit_after_raising("gloo", ["all_to_all"]) == []

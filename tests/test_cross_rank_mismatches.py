@@ -9,8 +9,8 @@ import pytest
 
 from pytest_collectives.conformance.matrix import CapabilityMatrix, mismatch_lines
 from pytest_collectives.conformance.mismatches import behaviour, world_size_for
+from pytest_collectives.execution.launchers.warm_groups import last_words
 from pytest_collectives.execution.outcome import CRASHED, HUNG, GroupOutcome, RankReport
-from pytest_collectives.execution.pool import last_words
 
 TRACEBACK = """Traceback (most recent call last):
   File "x.py", line 1, in call

@@ -12,6 +12,7 @@ from hypothesis import assume
 from hypothesis.errors import UnsatisfiedAssumption
 
 from pytest_collectives.conformance.cases import tiers_at
+from pytest_collectives.execution.collection import last_of_each_size, world_sizes_run
 from pytest_collectives.execution.examples import (
     Sweep,
     Tally,
@@ -22,7 +23,6 @@ from pytest_collectives.execution.examples import (
 )
 from pytest_collectives.execution.messages import FAILED, PASSED
 from pytest_collectives.execution.outcome import GroupOutcome, RankReport
-from pytest_collectives.execution.session import last_of_each_size, world_sizes_run
 
 BATCHED = """
 import pytest

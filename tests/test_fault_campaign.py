@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 from helpers import process_state
 
-from pytest_collectives.execution.pool import FAILURE_GRACE_S, STACK_WAIT_S
-from pytest_collectives.execution.rank import FAULT_ENV, PENDING_GRACE_S
+from pytest_collectives.execution.launchers.warm_groups import FAILURE_GRACE_S, STACK_WAIT_S
+from pytest_collectives.execution.ranks.faults import FAULT_ENV
+from pytest_collectives.execution.ranks.pending import PENDING_GRACE_S
 
 TIMEOUT_S = 3.0  # --dist-timeout of the inner sessions: every hang costs this
 PER_BATCH = 10
@@ -146,7 +147,7 @@ def init_fault(request):
 MODULE_HEADER = f'''
 import os
 import pytest, torch, torch.distributed as dist
-from pytest_collectives.execution.rank import inject_fault
+from pytest_collectives.execution.ranks.faults import inject_fault
 
 def record():
     with open(os.environ["CAMPAIGN_PIDS"], "a") as f:

@@ -317,7 +317,7 @@ def test_min_judged_is_a_fraction(pytester, bench_dir) -> None:
 def test_a_topology_that_cannot_be_read_is_a_usage_error_before_the_tests(
     pytester, bench_dir, monkeypatch, args
 ) -> None:
-    from pytest_collectives.gate import plugin as gate_plugin
+    from pytest_collectives.gate import baseline_gate as gate_plugin
     from pytest_collectives.topology.detect import physical_indices
 
     # What detect() meets on a node whose CUDA_VISIBLE_DEVICES names GPUs by UUID.

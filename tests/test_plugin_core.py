@@ -703,7 +703,7 @@ def test_two_concurrent_sessions_do_not_collide(pytester: pytest.Pytester) -> No
 
 
 def test_groups_take_the_gpus_pytest_may_use() -> None:
-    from pytest_collectives.execution.pool import group_devices
+    from pytest_collectives.execution.launchers.warm_groups import group_devices
 
     assert group_devices(2, None) == ("0", "1")
     assert group_devices(2, "2,3,5") == ("2", "3")
@@ -713,7 +713,7 @@ def test_groups_take_the_gpus_pytest_may_use() -> None:
 
 
 def test_ranks_that_outnumber_the_cores_each_keep_to_one() -> None:
-    from pytest_collectives.execution.pool import rank_cores
+    from pytest_collectives.execution.launchers.warm_groups import rank_cores
 
     assert rank_cores([0, 1], 5) == (0, 1, 0, 1, 0)
     assert rank_cores([4, 6, 7], 4) == (4, 6, 7, 4)
@@ -761,7 +761,7 @@ def test_torch_older_than_the_calls_it_lacks(monkeypatch: pytest.MonkeyPatch) ->
     import torch
     import torch.distributed as dist
 
-    from pytest_collectives.execution import rank as runner
+    from pytest_collectives.execution.ranks import compat as runner
 
     def init_process_group_2_3(backend, init_method=None, timeout=None, device_id=None):
         pass
@@ -785,7 +785,7 @@ def test_torch_older_than_the_calls_it_lacks(monkeypatch: pytest.MonkeyPatch) ->
 def test_paths_that_name_world_size_are_told_apart(tmp_path: Path) -> None:
     """What starts the forkserver before torch is imported: a file naming world_size among the paths; and
     what has it import the training stacks too: one naming their marker."""
-    from pytest_collectives.execution.session import mentioned
+    from pytest_collectives.execution.collection import mentioned
 
     words = ("world_size", "mark.training")
     (tmp_path / "plain").mkdir()
@@ -804,7 +804,7 @@ def test_paths_that_name_world_size_are_told_apart(tmp_path: Path) -> None:
 def test_the_forkserver_preloads_what_the_training_stacks_need() -> None:
     """The server's training imports are the modules the stacks' APIs live in: none is imported per rank."""
     from pytest_collectives.conformance import training
-    from pytest_collectives.execution.forkserver import TRAINING
+    from pytest_collectives.execution.launchers.forkserver import TRAINING
 
     assert set(TRAINING) == {module for needs, _ in training._APIS.values() for module, _ in needs}
 
@@ -846,10 +846,10 @@ class _Work:
 
 def test_a_rank_keeps_the_pending_work_a_test_issued_not_the_completed(monkeypatch) -> None:
     """Each Work holds its tensors: a benchmark that issues thousands would keep every message it sent.
-    The pending ones are all kept for the check after the test (``_pending_ops``)."""
-    from pytest_collectives.execution import rank as runner
+    The pending ones are all kept for the check after the test (``pending_ops``)."""
+    from pytest_collectives.execution.ranks import pending as runner
 
-    monkeypatch.setattr(runner, "_issued_work", [])
+    monkeypatch.setattr(runner, "issued_work", [])
     monkeypatch.setattr(runner, "_prune_at", runner._KEPT_AT_LEAST)
     monkeypatch.setattr(runner, "PENDING_GRACE_S", 0.0)
     pending = [_Work(False) for _ in range(300)]
@@ -858,6 +858,6 @@ def test_a_rank_keeps_the_pending_work_a_test_issued_not_the_completed(monkeypat
         if i % 100 == 0:
             issued.append(pending[i // 100])
         runner._remember(issued)
-    assert len(runner._issued_work) < 2 * len(pending) + runner._KEPT_AT_LEAST
-    assert runner._pending_ops() == len(pending)
-    assert all(any(w is p for w in runner._issued_work) for p in pending)
+    assert len(runner.issued_work) < 2 * len(pending) + runner._KEPT_AT_LEAST
+    assert runner.pending_ops() == len(pending)
+    assert all(any(w is p for w in runner.issued_work) for p in pending)

@@ -18,7 +18,7 @@ from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS, Capabilities, dtype_name
 from pytest_collectives.conformance.cases import TIERS, _every_cell, supported_cells
 from pytest_collectives.conformance.matrix import NAMED_AT_MOST, short_dtype, tiers_line
-from pytest_collectives.execution import session
+from pytest_collectives.execution import suite_api
 
 SIZES = (2, 3, 4)
 # all_reduce as gloo takes it, near enough: every reduce op of integers, the bitwise ones refused in floats
@@ -36,12 +36,12 @@ def running(seed: int, world_size: int, cells: dict = CELLS, **params: object) -
     backend probed to support ``cells``."""
     caps.use(Capabilities("fake", "cpu", world_size, dict(cells)))
     rotation.use(seed)
-    tokens = session._PARAMS.set({"world_size": world_size, **params}), session._SIZES.set(SIZES)
+    tokens = suite_api.PARAMS.set({"world_size": world_size, **params}), suite_api.SIZES.set(SIZES)
     try:
         yield
     finally:
-        session._PARAMS.reset(tokens[0])
-        session._SIZES.reset(tokens[1])
+        suite_api.PARAMS.reset(tokens[0])
+        suite_api.SIZES.reset(tokens[1])
         caps.use(None)
 
 
@@ -141,10 +141,10 @@ def test_a_replay_of_one_world_size_turns_where_the_run_did() -> None:
     among those selected, so a failure found at 3 ranks in a run at 2,3 replayed elsewhere (and passed)."""
     with running(11, 3):
         in_the_run = rotation.turn()
-        token = session._SIZES.set((3,))  # the replay: this world size alone selected
+        token = suite_api.SIZES.set((3,))  # the replay: this world size alone selected
         try:
             assert rotation.turn() == in_the_run
         finally:
-            session._SIZES.reset(token)
+            suite_api.SIZES.reset(token)
     with running(11, 2):  # each world size of a run stands one turn further
         assert rotation.turn() == in_the_run - 1

@@ -20,8 +20,8 @@ from helpers import copy_checkout, copy_conformance, torch_below
 
 from pytest_collectives.bench import side_by_side
 from pytest_collectives.execution import configurations, options
+from pytest_collectives.execution.modes.soak import clock, replay
 from pytest_collectives.execution.options import duration
-from pytest_collectives.execution.soak import clock, replay
 
 # one distributed conformance test, at 2 ranks: a pass takes about a second on the 2-core machine
 TEST = "test_all_reduce.py::test_all_reduce_matches_exact_reference[ws2-all_reduce]"

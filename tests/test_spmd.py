@@ -17,8 +17,8 @@ import pytest
 from helpers import PLUGIN, outcomes
 
 from pytest_collectives.execution import options
-from pytest_collectives.execution.session import world_sizes_of
-from pytest_collectives.execution.spmd import (
+from pytest_collectives.execution.collection import world_sizes_of
+from pytest_collectives.execution.launchers.spmd import (
     EXIT_HUNG,
     SpmdEnv,
     SpmdError,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import PLUGIN, copy_conformance, outcomes
 
+from pytest_collectives.execution.modes.xdist import gpu_subset, visible_devices, worker
 from pytest_collectives.execution.options import OptionError
-from pytest_collectives.execution.xdist import gpu_subset, visible_devices, worker
 
 
 def test_worker_position() -> None:

@@ -7,7 +7,7 @@ A section sits between ``<!-- generated: NAME -->`` and ``<!-- end of generated 
 
 - ``options``: the plugin's ``pytest_addoption``, called with a recorder in place of pytest's parser (flags,
   ini names, help texts);
-- ``hooks``: the hook specs of ``newhooks.py``, each with its signature and docstring;
+- ``hooks``: the hook specs of ``hookspecs.py``, each with its signature and docstring;
 - ``api``: ``pytest_collectives.__all__``, each public name with what it is and its docstring's first line;
 - ``contracts``: ``registry.CONTRACTS``, how each algorithm operation is called.
 """
@@ -71,10 +71,10 @@ def options() -> list[str]:
 
 
 def hooks() -> list[str]:
-    from pytest_collectives import newhooks
+    from pytest_collectives import hookspecs
 
     lines: list[str] = []
-    for name, spec in vars(newhooks).items():
+    for name, spec in vars(hookspecs).items():
         if name.startswith("pytest_collectives_"):
             arguments = ", ".join(inspect.signature(spec).parameters)
             said = _text(" ".join((inspect.getdoc(spec) or "").split()))

@@ -17,7 +17,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     # writing distributed tests
     **{n: ("execution.examples", n) for n in ("examples", "refused_example", "sweep")},
     **{
-        n: ("execution.session", n)
+        n: ("execution.suite_api", n)
         for n in (
             "item_parameter",
             "item_world_sizes",
@@ -25,9 +25,9 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
             "run_on_ranks",
             "settings_of",
             "survives_a_crash",
-            "world_sizes_of",
         )
     },
+    "world_sizes_of": ("execution.collection", "world_sizes_of"),
     "share": ("execution.ipc", "share"),
     # algorithms under test, and the exact references they are held to
     "algorithm": ("algorithms.registry", "algorithm"),
@@ -52,8 +52,10 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
         for n in ("Values", "assert_reduced_close", "rank_input", "real_dtype", "reduce_op")
     },
     # a backend's declarations (its backend module)
-    **{n: ("backends", n) for n in ("clean_after_a_raise", "declare", "keeps_state_after_a_raise")},
-    "refuses": ("backends", "refuses"),
+    **{
+        n: ("backend_declarations", n)
+        for n in ("clean_after_a_raise", "declare", "keeps_state_after_a_raise", "refuses")
+    },
     "backend_env_preset": ("execution.configurations", "backend_env_preset"),
     # conformance: what the backend supports, the cases drawn, the properties checked
     "active_capabilities": ("conformance.capabilities", "active"),

@@ -1,8 +1,8 @@
 """The plugin's entry point (pytest11): its options, and at configure time the session with its launcher,
 the baseline gate and the node report. The logic lives in the subpackages:
 
-- execution/: the session (session.py), its launchers (pooled.py + pool.py, spmd.py), the ranks' side
-  (rank.py), xdist partitioning (xdist.py), outcomes and verdicts (outcome.py);
+- execution/: the session (session.py), its launchers (launchers/), the ranks' side (ranks/), the
+  session-level modes (modes/: soak, xdist), outcomes and verdicts (outcome.py);
 - bench/: timing on the ranks (timing.py) and pytest-benchmark's fixture (shim.py);
 - gate/: the baseline store, the statistics, the plugin and its reports;
 - topology/: what machine this is; nodereport/: node validation and the fleet view;
@@ -20,18 +20,14 @@ from pytest_collectives.conformance import known_bugs, probing
 from pytest_collectives.conformance import settings as conformance_settings
 from pytest_collectives.conformance.matrix import CapabilityMatrix
 from pytest_collectives.errors import OptionError
-from pytest_collectives.execution import configurations, options, soak, spmd
-from pytest_collectives.execution import xdist as xdist_support
-from pytest_collectives.execution.session import (
-    SESSION,
-    DistributedSession,
-    Launcher,
-    mentioned,
-    pg,
-    settings_of,
-    world_size,
-)
-from pytest_collectives.gate import plugin as gate
+from pytest_collectives.execution import configurations, options
+from pytest_collectives.execution.collection import mentioned
+from pytest_collectives.execution.launchers import spmd
+from pytest_collectives.execution.modes import soak
+from pytest_collectives.execution.modes import xdist as xdist_support
+from pytest_collectives.execution.session import DistributedSession, Launcher
+from pytest_collectives.execution.suite_api import SESSION, pg, settings_of, world_size
+from pytest_collectives.gate import baseline_gate as gate
 from pytest_collectives.gate import settings as gate_settings
 from pytest_collectives.nodereport import collect as session_report
 from pytest_collectives.nodereport import settings as report_settings
@@ -42,9 +38,9 @@ __all__ = ["pg", "world_size"]  # the fixtures, found here by pytest
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from pytest_collectives import newhooks
+    from pytest_collectives import hookspecs
 
-    pluginmanager.add_hookspecs(newhooks)
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,7 +69,7 @@ def _expect_groups(config: pytest.Config) -> None:
     paths = [config.invocation_params.dir / arg.split("::")[0] for arg in config.args]
     named = mentioned(paths, ("world_size", "mark.training"))
     if "world_size" in named:
-        from pytest_collectives.execution.forkserver import forkserver_context, warm_up
+        from pytest_collectives.execution.launchers.forkserver import forkserver_context, warm_up
 
         warm_up(forkserver_context(), training="mark.training" in named)
 
@@ -116,7 +112,7 @@ def _configure(config: pytest.Config) -> None:
     config.stash[_KNOWN_BUGS] = list(conformance.known_bugs)
     known_bugs.remember(config, conformance.known_bugs)  # what drops an inherited entry holds from the start
     if env is None:
-        from pytest_collectives.execution.pooled import PooledLauncher
+        from pytest_collectives.execution.launchers.pooled import PooledLauncher
 
         launcher: Launcher = PooledLauncher(settings)
     else:

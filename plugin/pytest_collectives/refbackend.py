@@ -22,7 +22,7 @@ import torch
 import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
 import torch.distributed as dist
 
-from pytest_collectives.backends import declare, refuses
+from pytest_collectives.backend_declarations import declare, refuses
 
 __all__ = ["NcclRulesBackend", "ReferenceBackend", "register"]
 

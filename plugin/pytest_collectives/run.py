@@ -20,9 +20,9 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_collectives.conformance.matrix import CapabilityMatrix
+    from pytest_collectives.execution.modes.soak import Soak
     from pytest_collectives.execution.session import DistributedSession
-    from pytest_collectives.execution.soak import Soak
-    from pytest_collectives.gate.plugin import BaselineGate
+    from pytest_collectives.gate.baseline_gate import BaselineGate
     from pytest_collectives.nodereport.collect import NodeReport
 
 

@@ -18,7 +18,7 @@ TESTS = Path(__file__).resolve().parents[3] / "tests" / "support"
 sys.path.insert(0, str(TESTS))
 from helpers import module_task  # noqa: E402
 
-from pytest_collectives.execution.pool import GroupPool  # noqa: E402
+from pytest_collectives.execution.launchers.warm_groups import GroupPool  # noqa: E402
 
 EMPTY_TEST = "def test_empty(pg):\n    pass\n"
 

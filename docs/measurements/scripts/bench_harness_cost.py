@@ -111,8 +111,8 @@ def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any, pinned:
     import torch
     import torch.distributed as dist
 
-    from pytest_collectives.execution.pool import rank_cores
-    from pytest_collectives.execution.rank import keep_to_core
+    from pytest_collectives.execution.launchers.warm_groups import rank_cores
+    from pytest_collectives.execution.ranks.calling import keep_to_core
 
     keep_to_core(rank_cores(sorted(os.sched_getaffinity(0)), n) if pinned else (), rank)
     torch.set_num_threads(1)
@@ -155,7 +155,7 @@ def phases(n: int, body: str, k: int) -> dict[str, float]:
     """Median seconds of each of PHASES over ``k`` calls of a test whose body is ``body`` (rank 0's)."""
     from helpers import module_task
 
-    from pytest_collectives.execution.pool import GroupPool
+    from pytest_collectives.execution.launchers.warm_groups import GroupPool
 
     task = module_task(f"import torch, torch.distributed as dist\ndef test(pg):\n{body}", "test")
     pool = GroupPool("gloo", timeout_s=60)

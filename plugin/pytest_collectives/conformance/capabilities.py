@@ -1,6 +1,6 @@
 """What the backend under test supports, asked of the live group: operation x dtype x reduce op.
 
-``probe`` runs on every rank of a group (through ``session.run_on_ranks``) and makes one tiny call of each
+``probe`` runs on every rank of a group (through ``suite_api.run_on_ranks``) and makes one tiny call of each
 operation with each dtype and reduce op. A call the backend refuses with a recognised "not supported"
 error (``refusal``) is N/A: the suites never draw it. Anything else it raises is not a refusal: the cell
 stays supported, so the suites draw it and the error fails them. Nothing is assumed from the backend's
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from pytest_collectives import devices
 from pytest_collectives.algorithms.collectives import all_gather_single, reduce_scatter_single
 from pytest_collectives.algorithms.reference import OPS, reduce_op
-from pytest_collectives.backends import declared_refusal, keeps_state_after_a_raise
+from pytest_collectives.backend_declarations import declared_refusal, keeps_state_after_a_raise
 
 __all__ = [
     "AS_TORCH",
@@ -239,8 +239,8 @@ def _attempt(call: Callable[[Any, int, Any], object], tensor: Any, n: int, op: s
     """The backend's refusal of the call, or an empty string: it went through, or failed another way,
     which leaves it supported, so the suites draw it and fail on it.
 
-    On a backend that may keep state after a raise (backends.py), made on a thread of its own: NCCL
-    refuses some calls inside a group call it never closes, and its group depth is per thread, so every
+    On a backend that may keep state after a raise (backend_declarations.py), made on a thread of its own:
+    NCCL refuses some calls inside a group call it never closes, and its group depth is per thread, so every
     later call on that thread would be taken and never run. The thread ends, and the state with it."""
     answer = [""]
 

@@ -23,7 +23,7 @@ from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
 from pytest_collectives.execution import shared_inputs
-from pytest_collectives.execution.session import item_parameter, item_world_sizes
+from pytest_collectives.execution.suite_api import item_parameter, item_world_sizes
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 

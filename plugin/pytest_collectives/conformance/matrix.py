@@ -224,7 +224,7 @@ class CapabilityMatrix:
         if report.when == "call" and not report.skipped and "conformance" in report.keywords:
             self.ran += 1
             if report.failed:
-                from pytest_collectives.backends import resembles
+                from pytest_collectives.backend_declarations import resembles
 
                 found = resembles(report.longreprtext, self.backend)
                 if found:
@@ -594,7 +594,7 @@ def mismatch_lines(rows: list[dict[str, Any]]) -> list[str]:
 def backend_version(backend: str) -> str:
     """What the matrix records of the backend's version: a third-party backend's own (backends.declare),
     never torch's, which ships only gloo, NCCL and their kin."""
-    from pytest_collectives.backends import BUNDLED, backend_names, declared_version, lineage
+    from pytest_collectives.backend_declarations import BUNDLED, backend_names, declared_version, lineage
 
     if declared := declared_version(backend):
         return declared

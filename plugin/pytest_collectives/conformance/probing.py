@@ -48,7 +48,7 @@ def probed(config: pytest.Config, world_size: int) -> Capabilities:
     """The probe at ``world_size`` in the running test's configuration, run on the live group the first
     time it is asked for in a session."""
     from pytest_collectives.conformance import capabilities as caps
-    from pytest_collectives.execution.session import SESSION, run_on_ranks
+    from pytest_collectives.execution.suite_api import SESSION, run_on_ranks
 
     configuration = config.stash[SESSION].configuration
     found = config.stash.setdefault(_PROBED, {})
@@ -102,7 +102,7 @@ def _with_training_rows(request: pytest.FixtureRequest, found: Capabilities) -> 
     """The probe with the training stacks' rows added, probed once per world size, only in sessions that
     run a test marked ``training`` (each makes device meshes, a group rendezvous per mesh dimension)."""
     from pytest_collectives.conformance import training
-    from pytest_collectives.execution.session import SESSION, run_on_ranks
+    from pytest_collectives.execution.suite_api import SESSION, run_on_ranks
 
     configuration = request.config.stash[SESSION].configuration
     done = request.config.stash.setdefault(_TRAINING_PROBED, set())

@@ -14,7 +14,7 @@ import zlib
 
 import pytest
 
-from pytest_collectives.execution.session import item_parameter
+from pytest_collectives.execution.suite_api import item_parameter
 
 _RUN = pytest.StashKey[int]()
 WORKER_INPUT = "collectives_turn"  # an xdist worker's turn, handed over by its controller

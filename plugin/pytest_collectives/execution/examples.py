@@ -50,7 +50,7 @@ class Tally:
     refused: list[str] = dataclasses.field(default_factory=list)  # the words of each example refused
     # where a refusal ended the batch on a backend that may keep state after a raise: the first example
     # not run, which the controller runs in a call of its own, after the pool asked the group whether the
-    # raise left it fit, or replaced it (pool.GroupPool._asked; NCCL's always)
+    # raise left it fit, or replaced it (warm_groups.GroupPool._asked; NCCL's always)
     resume_at: int | None = None
 
 
@@ -97,7 +97,7 @@ def sweep(**listings: st.SearchStrategy[list[Any]]) -> Callable[[F], F]:
     values (all of one length), and the test runs once on each of their zipped examples, one hypothesis
     example in all (``max_examples=1``), so every listed example runs on every run. The listings are drawn
     while the test runs, so they can read the probe of the live group (``capabilities.active()``) and the
-    test's parameters (``session.item_parameter``); a failure names the example that failed."""
+    test's parameters (``suite_api.item_parameter``); a failure names the example that failed."""
     from hypothesis import settings
     from hypothesis import strategies as st
 
@@ -164,7 +164,7 @@ def run_batch(
     only itself."""
     from hypothesis.errors import UnsatisfiedAssumption
 
-    from pytest_collectives.backends import keeps_state_after_a_raise
+    from pytest_collectives.backend_declarations import keeps_state_after_a_raise
 
     tally = _TALLY.get() or Tally()
     pg = kwargs.get("pg")

@@ -31,7 +31,7 @@ class GroupSpec:
     sys_path: tuple[str, ...] = ()  # where to import them from: pytest's sys.path
     algorithms: tuple[tuple[str, str], ...] = ()  # (module, file) that registered users' algorithms
     # rank r's core (cores[r]) where the group has more ranks than the session has cores; empty: the
-    # scheduler places the ranks (pool.rank_cores says why)
+    # scheduler places the ranks (warm_groups.rank_cores says why)
     cores: tuple[int, ...] = ()
 
 
@@ -89,7 +89,7 @@ class RankResult:
     suspect: list[str] = dataclasses.field(default_factory=list)  # why it may not be: the group is asked
     rss_bytes: int = 0
     benchmark: dict[str, Any] | None = None  # per-round maxima across ranks, when the test benchmarked
-    returned: Any = None  # what the function returned: tests return None, a probe (session.run_on_ranks) data
+    returned: Any = None  # what it returned: tests return None, a probe (suite_api.run_on_ranks) data
     # hypothesis' note() and event() calls in an example's body: ("note", text, "") or ("event", value,
     # payload), replayed in the controller's engine, which alone has the example's context
     noted: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)

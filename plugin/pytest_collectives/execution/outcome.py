@@ -20,7 +20,7 @@ class RankReport:
     stdout: str = ""
     stderr: str = ""
     benchmark: dict | None = None
-    returned: object = None  # what a probe returned on this rank (session.run_on_ranks)
+    returned: object = None  # what a probe returned on this rank (suite_api.run_on_ranks)
     noted: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # note()/event() calls
     dirty: list[str] = dataclasses.field(default_factory=list)  # what the test left unfit on this rank
     examples: int = 1  # hypothesis examples the call ran (several in a batch of @examples)

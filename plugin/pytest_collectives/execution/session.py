@@ -1,20 +1,15 @@
-"""The session of both modes (DistributedSession), the launcher interface, the `pg` fixture and the helpers
-the suites size themselves with (settings_of, world_sizes_of)."""
+"""The session of both modes (DistributedSession) and the launcher interface it drives: what runs where,
+when groups are started and dropped, and how each test's outcome on the ranks becomes its report."""
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
-import inspect
-import os
 import pickle
 import sys
-import types
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import pytest
@@ -23,34 +18,27 @@ from pytest_collectives.bench import shim as benchmark_shim
 from pytest_collectives.bench import side_by_side
 from pytest_collectives.bench.timing import BenchSpec, record
 from pytest_collectives.execution import configurations, examples, left_out, options
+from pytest_collectives.execution.collection import (
+    last_of_each_size,
+    one_configuration_at_a_time,
+    parametrize_configurations,
+    parametrize_world_size,
+    skip_gpu_tests,
+    world_sizes_of,
+    world_sizes_run,
+)
 from pytest_collectives.execution.configurations import Env
-from pytest_collectives.execution.messages import REJECTED, Task, stable_seed_of
+from pytest_collectives.execution.hypothesis_calls import (
+    distributed_call,
+    examples_sent_to,
+    replay_hypothesis_calls,
+    stable_seed,
+)
+from pytest_collectives.execution.messages import REJECTED, Task
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
+from pytest_collectives.execution.suite_api import PARAMS, SIZES, OnRanks
 
 _outcome_key = pytest.StashKey[GroupOutcome]()
-_PARAMS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
-    "collectives_params", default=types.MappingProxyType({})
-)
-
-
-_SIZES: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("collectives_sizes", default=())
-
-
-def item_world_sizes() -> tuple[int, ...]:
-    """The world sizes the running test runs at in this session (those selected and not skipped), for a
-    strategy that shares work among them."""
-    return _SIZES.get()
-
-
-def item_parameter(name: str) -> Any:
-    """What the running test is parametrized with for ``name``. A hypothesis strategy is built before pytest
-    parametrizes the test; one that draws what the parameter allows (the cases an algorithm supports)
-    reads it here, while the examples are drawn."""
-    params = _PARAMS.get()
-    if name not in params:
-        known = ", ".join(params) or "none"
-        raise LookupError(f"the running test has no parameter {name!r} (it has {known})")
-    return params[name]
 
 
 # The known bugs a test holds, (exception name, pattern of its message): conformance.known_bugs sets it, and
@@ -86,252 +74,12 @@ class GroupReplacedWarning(pytest.PytestWarning):
     or under torchrun/srun, where a rank can't be replaced, what can be put back was."""
 
 
-class OnRanks:
-    """What ``pg`` is in the controller: the real one exists only on the ranks."""
-
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
-
-    def __repr__(self) -> str:
-        return f"<pg: {self.world_size} ranks>"
-
-
-# Session scope: the value is fixed per parametrization, and hypothesis rightly objects to function-scoped
-# fixtures shared by its examples. It also groups tests by world size, so groups are switched less often.
-@pytest.fixture(scope="session")
-def world_size(request: pytest.FixtureRequest) -> int:
-    pytest.fail(
-        f"{request.node.nodeid} uses world_size/pg but has no @pytest.mark.world_size(...) marker",
-        pytrace=False,
-    )
-
-
-@pytest.fixture(scope="session")
-def pg(world_size: int) -> OnRanks:
-    """On each rank: rank, world_size, backend, device, seed, group, new_group(ranks), generator(rank)."""
-    return OnRanks(world_size)
-
-
-# The session's DistributedSession, handed to the config when pytest configures (hooks.pytest_configure): how
-# the functions below, which a suite calls with its config, reach it.
-SESSION = pytest.StashKey["DistributedSession"]()
-
-
-def settings_of(config: pytest.Config) -> options.Settings:
-    """The resolved options of this session, for suites that size their parameters by them."""
-    return config.stash[SESSION].settings
-
-
-def run_on_ranks(config: pytest.Config, world_size: int, fn: Callable[..., Any], **kwargs: Any) -> list[Any]:
-    """Call ``fn(pg=..., **kwargs)`` on every rank of a ``world_size`` group and return what each rank
-    returned, in rank order: how a suite asks the live group a question (what its backend supports)
-    before it draws examples. ``fn`` must be a module-level function; a failure on any rank raises."""
-    return config.stash[SESSION].run_on_ranks(world_size, fn, kwargs)
-
-
-def outcome_on_ranks(
-    config: pytest.Config, world_size: int, fn: Callable[..., Any], timeout_s: float = 0.0, **kwargs: Any
-) -> GroupOutcome:
-    """``run_on_ranks``' call, its outcome returned whatever it is, a rank's failure, crash or hang (after
-    ``timeout_s``, by default --dist-timeout) included: for a question whose answer is how the ranks end
-    (conformance.mismatches). A group left unfit is replaced before the next call, as after a test."""
-    return config.stash[SESSION].outcome_on_ranks(world_size, fn, kwargs, timeout_s)
-
-
-def survives_a_crash(config: pytest.Config) -> bool:
-    """Whether this session goes on after a rank crashes (pooled groups), or ends (torchrun, srun): for a
-    test whose question may crash a rank."""
-    return config.stash[SESSION].launcher.survives_a_crash
-
-
-def world_sizes_of(args: tuple[Any, ...], settings: options.Settings) -> tuple[Any, ...]:
-    """A world_size marker's sizes: its own, the configured ones, or for 'max' the largest group the
-    session can make (Settings.largest: the SPMD world, every GPU with --gpus, else the largest size)."""
-    if args == ("max",):
-        return (settings.largest or settings.gpus or max(settings.world_sizes),)
-    return args or settings.world_sizes
-
-
-def parametrize_world_size(
-    metafunc: pytest.Metafunc, sizes: tuple[Any, ...], limit: int | None, too_big: str
-) -> None:
-    """Parametrize ``world_size`` over ``sizes`` (session scope, ids ws<n>); sizes above ``limit`` are kept
-    as skips with the reason ``too_big`` (formatted with n), so the report says what did not run."""
-    if not all(isinstance(n, int) and n >= 1 for n in sizes):
-        pytest.fail(
-            f"{metafunc.definition.nodeid}: world_size takes whole numbers >= 1 or 'max', got {sizes}",
-            pytrace=False,
-        )
-    params = [
-        pytest.param(
-            n, id=f"ws{n}", marks=pytest.mark.skip(reason=too_big.format(n=n)) if limit and n > limit else ()
-        )
-        for n in sizes
-    ]
-    if not params:
-        reason = f"no world size to run: no configured world size fits in {limit}"
-        params = [pytest.param(0, id="ws0", marks=pytest.mark.skip(reason=reason))]
-    if "world_size" not in metafunc.fixturenames:
-        metafunc.fixturenames.append("world_size")
-    metafunc.parametrize("world_size", params, scope="session")
-
-
-def parametrize_configurations(
-    metafunc: pytest.Metafunc, sweep: tuple[configurations.Configuration, ...]
-) -> None:
-    """Parametrize ``backend_env`` over the configurations of --backend-env (session scope, ids
-    ``NAME=VALUE``, after the world size's); a plain run's one configuration adds nothing to the ids."""
-    if not any(configuration.env for configuration in sweep):
-        return
-    if "backend_env" not in metafunc.fixturenames:
-        metafunc.fixturenames.append("backend_env")
-    params = [pytest.param(configuration, id=configuration.id) for configuration in sweep]
-    metafunc.parametrize("backend_env", params, scope="session")
-
-
-def one_configuration_at_a_time(
-    items: list[pytest.Item], sweep: tuple[configurations.Configuration, ...]
-) -> None:
-    """Each configuration's tests together, in the order of a plain run: pytest's own order interleaves
-    them, which would keep every configuration's groups alive at once."""
-    if any(configuration.env for configuration in sweep):
-        place = {configuration: i for i, configuration in enumerate(sweep)}
-        items.sort(key=lambda item: place.get(configurations.of_item(item), -1))  # stable: keeps the rest
-
-
-def last_of_each_size(items: list[pytest.Item]) -> dict[str, tuple[int, Env]]:
-    """{node id: (n, env)} for the last of ``items`` to run on n ranks in a configuration, for each world
-    size n and configuration's variables env."""
-    last = {}
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and "world_size" in callspec.params:
-            last[callspec.params["world_size"], configurations.of_item(item).env] = item.nodeid
-    return {nodeid: group for group, nodeid in last.items()}
-
-
-def world_sizes_run(items: list[pytest.Item]) -> dict[str, tuple[int, ...]]:
-    """{node id: the world sizes its test runs at}, over ``items`` (those selected), a skipped size left
-    out: one test at several world sizes differs only in its ``ws<n>`` id."""
-    sizes: dict[tuple[str, str], list[int]] = {}
-    test_of = {}
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is None or "world_size" not in callspec.params:
-            continue
-        n = callspec.params["world_size"]
-        test = (item.nodeid.split("[")[0], callspec.id.replace(f"ws{n}", "", 1))
-        test_of[item.nodeid] = test
-        if not item.get_closest_marker("skip"):
-            sizes.setdefault(test, []).append(n)
-    return {nodeid: tuple(sorted(sizes.get(test, ()))) for nodeid, test in test_of.items()}
-
-
-def skip_gpu_tests(items: list[pytest.Item], settings: options.Settings) -> None:
-    if settings.gpus:
-        return
-    skip_gpu = pytest.mark.skip(reason="needs CUDA GPUs: run with --gpus N on a GPU machine")
-    for item in items:
-        if item.get_closest_marker("gpu"):
-            item.add_marker(skip_gpu)
-
-
-def stable_seed(item: pytest.Function, kwargs: dict[str, Any]) -> int:
-    """Same test and same example give the same seed, on every rank, in every rerun and in both modes.
-
-    Only the test id and the values hypothesis drew count: fixture values (tmp_path, benchmark, ...) have
-    reprs with addresses and per-run paths, so hashing them would give a new seed every run."""
-    drawn = {k: v for k, v in kwargs.items() if k not in item.funcargs}
-    return stable_seed_of(item.nodeid, drawn)
-
-
-def distributed_call(item: pytest.Function) -> tuple[int, dict[str, Any]] | None:
-    """The world size and fixture values of a test marked world_size; None for a plain test."""
-    if item.get_closest_marker("world_size") is None:
-        return None
-    funcargs = {name: item.funcargs[name] for name in item._fixtureinfo.argnames}
-    return item.callspec.params["world_size"], funcargs
-
-
-@contextlib.contextmanager
-def examples_sent_to(
-    fn: Any, send: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], None]
-) -> Iterator[None]:
-    """While in effect, calling the hypothesis test ``fn`` hands each example to ``send(inner_test, owner,
-    kwargs)`` (owner: the test's bound instance arguments, if any) instead of running its body here."""
-    hypothesis = fn.hypothesis
-    inner = hypothesis.inner_test
-
-    signature = inspect.signature(inner)
-
-    @functools.wraps(inner)
-    def sent(*args: Any, **kwargs: Any) -> None:
-        # hypothesis may pass any argument by position: by name they reach the ranks, a test class's
-        # instance (self) apart
-        arguments = signature.bind(*args, **kwargs).arguments
-        owner = (arguments.pop("self"),) if "self" in arguments else ()
-        send(inner, owner, arguments)
-
-    hypothesis.inner_test = sent
-    try:
-        yield
-    finally:
-        hypothesis.inner_test = inner
-
-
-def replay_hypothesis_calls(outcome: GroupOutcome) -> None:
-    """The ranks' note() and event() calls, made again in this engine's context: a note every rank made
-    alike once, a note that differs between ranks with its rank."""
-    from hypothesis import event, note
-
-    calls = [report.noted for report in outcome.ranks]
-    alike = all(c == calls[0] for c in calls)
-    for report in outcome.ranks[:1] if alike else outcome.ranks:
-        for kind, text, payload in report.noted:
-            if kind == "note":
-                note(text if alike else f"rank {report.rank}: {text}")
-            else:
-                event(text, payload)
-
-
-SCAN_LIMIT = 400  # files read to tell whether a session's paths hold distributed tests
-
-
-def mentioned(paths: Iterable[Path], words: tuple[str, ...]) -> set[str]:
-    """Which of ``words`` the Python files among ``paths`` name (files, or folders walked past their hidden
-    and environment folders, SCAN_LIMIT files at most). ``world_size``: a session that will start worker
-    groups; ``mark.training``: one whose ranks will import the training stacks."""
-    found: set[str] = set()
-    read = 0
-    for path in paths:
-        files = [path] if path.is_file() else _python_files(path)
-        for file in files:
-            if read >= SCAN_LIMIT or len(found) == len(words):
-                return found
-            read += 1
-            try:
-                if file.suffix == ".py":
-                    text = file.read_text(errors="replace")
-                    found.update(word for word in words if word in text)
-            except OSError:
-                continue
-    return found
-
-
-def _python_files(folder: Path) -> Iterator[Path]:
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")) and d not in _NOT_TESTS)
-        yield from (Path(root, f) for f in sorted(files) if f.endswith(".py"))
-
-
-_NOT_TESTS = {"venv", "env", "build", "dist", "node_modules", "site-packages"}
-
-
 class Launcher(Protocol):
     """How a session's ranks are started and reached: the one thing the two modes do differently.
 
-    PooledLauncher (pooled.py) forks worker groups from this pytest; SpmdLauncher (spmd.py) is this pytest
-    as one rank of a world torchrun or srun started. Everything else is DistributedSession's, once."""
+    PooledLauncher (launchers/pooled.py) forks worker groups from this pytest; SpmdLauncher
+    (launchers/spmd.py) is this pytest as one rank of a world torchrun or srun started. Everything else is
+    DistributedSession's, once."""
 
     # Whether the session goes on after a rank crashes: a pooled group is replaced, while in SPMD mode
     # the crashed rank was one of the job's own processes.
@@ -442,8 +190,8 @@ class DistributedSession:
         from hypothesis.errors import FailedHealthCheck, Unsatisfiable
 
         callspec = getattr(pyfuncitem, "callspec", None)
-        token = _PARAMS.set(dict(callspec.params) if callspec else {})
-        sizes_token = _SIZES.set(self.sizes_run.get(pyfuncitem.nodeid, ()))
+        token = PARAMS.set(dict(callspec.params) if callspec else {})
+        sizes_token = SIZES.set(self.sizes_run.get(pyfuncitem.nodeid, ()))
         try:
             # (the marker, not its condition: the suites' known bugs are unconditional)
             expected_to_fail = pyfuncitem.get_closest_marker("xfail") and not self.config.option.runxfail
@@ -455,8 +203,8 @@ class DistributedSession:
             if not pyfuncitem.stash.get(_EXAMPLES, _Examples()).not_applicable():
                 raise
         finally:
-            _PARAMS.reset(token)
-            _SIZES.reset(sizes_token)
+            PARAMS.reset(token)
+            SIZES.reset(sizes_token)
         if reason := pyfuncitem.stash.get(_EXAMPLES, _Examples()).not_applicable():
             pytest.skip(reason)
         if _KNOWN_SEEN in pyfuncitem.stash:  # every example ran and no other failed: the test holds its bug

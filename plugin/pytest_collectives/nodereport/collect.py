@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from pytest_collectives.gate.store import BenchmarkEntry
-from pytest_collectives.newhooks import merged_answers
+from pytest_collectives.hookspecs import merged_answers
 from pytest_collectives.nodereport.judging import nvml
 from pytest_collectives.nodereport.judging.links import LOOPBACK_LINK, NETWORK_LINK
 
@@ -154,9 +154,9 @@ class NodeReport:
     def __init__(
         self, config: pytest.Config, directory: Path, gpus: int, gate: Any, matrix: Any, soak: Any = None
     ) -> None:
-        """``gate`` (gate.plugin.BaselineGate) holds the machine and the baseline's verdicts; ``matrix``
-        (conformance.matrix.CapabilityMatrix) the conformance run's cells; ``soak`` (execution.soak.Soak),
-        under --soak, the passes."""
+        """``gate`` (gate.baseline_gate.BaselineGate) holds the machine and the baseline's verdicts;
+        ``matrix`` (conformance.matrix.CapabilityMatrix) the conformance run's cells; ``soak``
+        (execution.modes.soak.Soak), under --soak, the passes."""
         self.config, self.gate, self.matrix, self.soak = config, gate, matrix, soak
         self.directory = directory  # nodereport.settings.read checked it
         self.counts = {"passed": 0, "failed": 0, "skipped": 0}
@@ -186,7 +186,7 @@ class NodeReport:
         self.gate.machine()
 
     def finish(self, session: pytest.Session) -> None:
-        from pytest_collectives.gate import plugin as gate
+        from pytest_collectives.gate import baseline_gate as gate
         from pytest_collectives.nodereport.outputs.schema import ReportError
         from pytest_collectives.nodereport.outputs.write import write_report
         from pytest_collectives.topology.identity import link_class, topology_id

@@ -208,7 +208,7 @@ def _configuration_check(each: Sequence[Mapping[str, Any]]) -> Check:
 def _soak_checks(soak: Mapping[str, Any]) -> list[Check]:
     """A burn-in's two verdicts: the tests over its passes, and the benchmarks' figures over its time."""
     from pytest_collectives.bench.side_by_side import drifted
-    from pytest_collectives.execution.soak import clock
+    from pytest_collectives.execution.modes.soak import clock
 
     passes = soak["passes"]
     ran = (

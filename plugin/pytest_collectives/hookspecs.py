@@ -1,4 +1,4 @@
-"""Hook specs of pytest-collectives, added with ``pytest_addhooks`` (as pytest-xdist's newhooks.py)."""
+"""Hook specs of pytest-collectives, added with ``pytest_addhooks`` (as pytest-benchmark's hookspec.py)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from pytest_collectives.gate.store import (
     save_baseline,
     sittings,
 )
-from pytest_collectives.newhooks import merged_answers
+from pytest_collectives.hookspecs import merged_answers
 from pytest_collectives.topology.compare import described, looks_degraded, nearest
 from pytest_collectives.topology.detect import detect
 from pytest_collectives.topology.fingerprint import Fingerprint

@@ -264,7 +264,7 @@ def lockstep_settings(current: Any) -> Any:
 
 
 def _rank_context_class() -> type:
-    from pytest_collectives.execution.rank import RankContext
+    from pytest_collectives.execution.ranks.context import RankContext
 
     @dataclasses.dataclass(repr=False)
     class SpmdRankContext(RankContext):
@@ -286,7 +286,7 @@ class SpmdLauncher:
 
     def __init__(self, config: pytest.Config, settings: options.Settings, env: SpmdEnv) -> None:
         self.config, self.settings, self.env = config, settings, env
-        self.gate: Any = None  # rank 0's gate.plugin.BaselineGate, handed over by hooks once it exists
+        self.gate: Any = None  # rank 0's gate.baseline_gate.BaselineGate, handed over by hooks once it exists
         # The real stderr, kept now (pytest's capture is suspended during configure): while a test runs,
         # fd 2 goes to pytest's capture file, which a rank that exits on a hang never prints.
         self.stderr = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
@@ -325,7 +325,7 @@ class SpmdLauncher:
         import torch
         import torch.distributed as dist
 
-        from pytest_collectives.execution.rank import bound_device
+        from pytest_collectives.execution.ranks.compat import bound_device
 
         env = self.env
         s = self.settings
@@ -433,7 +433,7 @@ class SpmdLauncher:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
-        from pytest_collectives.execution.rank import call_test, restore_defaults
+        from pytest_collectives.execution.ranks.calling import call_test, restore_defaults
 
         world = dist.group.WORLD
         c10d._world.default_pg = self._group(task.world_size)  # the test's collectives see n ranks

@@ -10,7 +10,7 @@ import re
 # (a list all_to_all, batch_isend_irecv) inside a group call it never closes, so every later call on that
 # thread, or on that process group, is taken and never run (docs/measurements/scripts/nccl_findings.py).
 # A backend the harness has not seen may do either: after its calls raised, its group is asked
-# (pool.GroupPool.run).
+# (warm_groups.GroupPool.run).
 _CLEAN_AFTER_A_RAISE = {"gloo"}
 _LEFT_INSIDE_A_GROUP_CALL = frozenset({"nccl"})
 

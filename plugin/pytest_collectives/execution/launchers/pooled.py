@@ -1,4 +1,4 @@
-"""The pooled launcher: this pytest forks its ranks, in warm worker groups it reuses (pool.py)."""
+"""The pooled launcher: this pytest forks its ranks, in warm worker groups it reuses (warm_groups.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class PooledLauncher:
     def pool(self) -> Any:
         # Imported lazily: a session without distributed tests never loads torch.
         if self._pool is None:
-            from pytest_collectives.execution.pool import GroupPool
+            from pytest_collectives.execution.launchers.warm_groups import GroupPool
 
             s = self.settings
             self._pool = GroupPool(
@@ -54,7 +54,7 @@ class PooledLauncher:
     def collected(self, items: list[pytest.Item]) -> None:
         # Started already where the paths named world_size (hooks._expect_groups); else not yet.
         if any(item.get_closest_marker("world_size") for item in items):
-            from pytest_collectives.execution.forkserver import forkserver_context, warm_up
+            from pytest_collectives.execution.launchers.forkserver import forkserver_context, warm_up
 
             warm_up(forkserver_context(), training=any(item.get_closest_marker("training") for item in items))
 

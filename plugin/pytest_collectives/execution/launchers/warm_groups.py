@@ -24,9 +24,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from pytest_collectives.algorithms import registry
-from pytest_collectives.backends import refused_in
+from pytest_collectives.backend_declarations import refused_in
 from pytest_collectives.execution.configurations import Configuration, Env, Rejected
-from pytest_collectives.execution.forkserver import forkserver_context
+from pytest_collectives.execution.launchers.forkserver import forkserver_context
 from pytest_collectives.execution.messages import FAILED, PASSED, GroupSpec, RankResult, Task
 from pytest_collectives.execution.outcome import (
     CRASHED,
@@ -38,7 +38,9 @@ from pytest_collectives.execution.outcome import (
     hang_culprit,
     likely_cause,
 )
-from pytest_collectives.execution.rank import STACK_SIGNAL, probe_group, rank_files, tasks_taken, worker_main
+from pytest_collectives.execution.ranks.context import STACK_SIGNAL, rank_files, tasks_taken
+from pytest_collectives.execution.ranks.pending import probe_group
+from pytest_collectives.execution.ranks.worker import worker_main
 
 PROBE_TIMEOUT_S = 5.0  # how long a group gets to answer whether a raise left it unfit (GroupPool._asked)
 FAILURE_GRACE_S = 2.0  # how long the other ranks get to finish after one fails before they count as hung
@@ -470,10 +472,10 @@ class GroupPool:
         return outcome
 
     def _asked(self, group: WorkerGroup, results: list[RankResult]) -> list[str]:
-        """After calls raised on a backend that may keep state after a raise (backends.py), the group is
-        asked rather than replaced: one checked all_reduce with a deadline (rank.probe_group). Reasons to
-        replace it where the answer is wrong or late; a failing vendor run then costs about what a passing
-        one does, where a fresh group after each raise made it 11x slower."""
+        """After calls raised on a backend that may keep state after a raise (backend_declarations.py), the
+        group is asked rather than replaced: one checked all_reduce with a deadline (pending.probe_group).
+        Reasons to replace it where the answer is wrong or late; a failing vendor run then costs about what a
+        passing one does, where a fresh group after each raise made it 11x slower."""
         suspect = sorted({f"rank {r.rank}: {why}" for r in results for why in r.suspect})
         if not suspect:
             return []

@@ -9,7 +9,8 @@ import tempfile
 import pytest
 
 PRELOAD = [
-    "__main__", "torch", "torch.distributed", "pytest", "hypothesis", "pytest_collectives.execution.rank"
+    "__main__", "torch", "torch.distributed", "pytest", "hypothesis",
+    "pytest_collectives.execution.ranks.worker",
 ]  # fmt: skip
 # What a test of the training stacks imports on every rank (conformance/training.py's _APIS): half a second a
 # rank on 2 cores, where 2 to 8 ranks start 35 processes. Only for sessions that run them: the first group
