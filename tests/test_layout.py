@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import inspect
 import os
 import re
 import subprocess
@@ -244,10 +245,12 @@ def test_the_suites_and_the_docs_use_only_the_public_api() -> None:
 
 
 def test_every_public_name_resolves_and_the_package_never_imports_itself_through_it() -> None:
-    """Each name of ``__all__`` is what its module holds; inside the package, parts import each other
-    directly, never through the top level (whose names load on first use)."""
-    for name in pytest_collectives.__all__:
-        assert getattr(pytest_collectives, name) is not None
+    """Each name of ``__all__`` is what its module holds, a function, class or constant: never a module, whose
+    every name would be public in practice. Inside the package, parts import each other directly, never
+    through the top level (whose names load on first use)."""
+    public = {name: getattr(pytest_collectives, name) for name in pytest_collectives.__all__}
+    modules = [name for name, value in public.items() if inspect.ismodule(value)]
+    assert not modules, f"whole modules in the public API: {modules}"
     through = {
         str(path.relative_to(ROOT)): names
         for path in ROOT.rglob("*.py")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# name -> (module under pytest_collectives, attribute; None: the module itself, a public namespace)
-_PUBLIC: dict[str, tuple[str, str | None]] = {
+# name -> (module under pytest_collectives, attribute)
+_PUBLIC: dict[str, tuple[str, str]] = {
     # writing distributed tests
     **{n: ("execution.examples", n) for n in ("examples", "refused_example", "sweep")},
     **{
@@ -105,12 +105,40 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     },
     "subgroup_members": ("conformance.properties", "members"),
     "rotation_turn": ("conformance.rotation", "turn"),
-    # the two suites of the backend's behaviour beyond its results: namespaces of their own, for now
-    **{n: (f"conformance.{n}", None) for n in ("mismatches", "probing", "training")},
+    "probed": ("conformance.probing", "probed"),
+    # the backend's behaviour beyond its results: a mismatch between ranks, and the training stacks
+    "MISMATCH_KINDS": ("conformance.mismatches", "KINDS"),
+    "MISMATCH_OPERATIONS": ("conformance.mismatches", "OPERATIONS"),
+    "MISMATCH_DEADLINE_S": ("conformance.mismatches", "DEADLINE_S"),
+    "mismatch_world_size": ("conformance.mismatches", "world_size_for"),
+    "call_with_a_mismatch": ("conformance.mismatches", "call"),
+    "mismatch_behaviour": ("conformance.mismatches", "behaviour"),
+    "record_mismatch": ("conformance.mismatches", "record"),
+    "healthy_sum": ("conformance.mismatches", "healthy_sum"),
     **{
         n: ("conformance.training", n)
-        for n in ("FSDP2", "FunctionalCall", "Redistribution", "STACKS", "TENSOR_PARALLEL")
+        for n in (
+            "FSDP2",
+            "FULL_SHAPE",
+            "FUNCTIONAL_CALLS",
+            "FunctionalCall",
+            "REDISTRIBUTE",
+            "Redistribution",
+            "STACKS",
+            "TENSOR_PARALLEL",
+            "first_difference",
+            "full_tensor",
+            "functional_results",
+            "mesh_shape",
+            "placements",
+            "tiny_model",
+            "train",
+        )
     },
+    "TRAINING_BOUNDS": ("conformance.training", "BOUNDS"),
+    "training_mesh": ("conformance.training", "mesh"),
+    "distributed_tensor": ("conformance.training", "distributed"),
+    "missing_api": ("conformance.training", "missing"),
     # benchmarks: timing inside the workers, message sizes
     **{n: ("bench.timing", n) for n in ("format_size", "measure", "parse_size")},
     "size_sweep": ("bench.timing", "sweep"),
@@ -126,7 +154,7 @@ def __getattr__(name: str) -> Any:
     except KeyError:
         raise AttributeError(f"module 'pytest_collectives' has no attribute {name!r}") from None
     found = importlib.import_module(f"pytest_collectives.{module}")
-    value = found if attribute is None else getattr(found, attribute)
+    value = getattr(found, attribute)
     globals()[name] = value  # later uses skip this function
     return value
 

@@ -12,13 +12,26 @@ from hypothesis import strategies as st
 import pytest_collectives
 from pytest_collectives import (
     FSDP2,
+    FULL_SHAPE,
+    FUNCTIONAL_CALLS,
+    REDISTRIBUTE,
     STACKS,
     TENSOR_PARALLEL,
+    TRAINING_BOUNDS,
     FunctionalCall,
     Redistribution,
     active_capabilities,
+    distributed_tensor,
+    first_difference,
+    full_tensor,
+    functional_results,
     item_parameter,
-    training,
+    mesh_shape,
+    missing_api,
+    placements,
+    tiny_model,
+    train,
+    training_mesh,
 )
 
 pytestmark = [pytest.mark.conformance, pytest.mark.training]
@@ -40,12 +53,12 @@ TP_BACKWARD = "all_reduce of ColwiseParallel's input gradients"
 def _na_where_refused(request: pytest.FixtureRequest, world_size: int) -> None:
     params = request.node.callspec.params
     dims = params["stack"].dims if "stack" in params else params.get("dims", 1)
-    if training.mesh_shape(world_size, dims) is None:
+    if mesh_shape(world_size, dims) is None:
         pytest.skip(f"N/A: a {dims}-D (dp, tp) mesh needs an even world size of 4 or more ranks")
     if "stack" in params:
         reason = active_capabilities().cells.get(params["stack"].cells()[0])
     else:
-        reason = training.missing(training.REDISTRIBUTE)
+        reason = missing_api(REDISTRIBUTE)
     if reason:
         pytest.skip(f"N/A: {reason}")
 
@@ -70,14 +83,14 @@ def _tensor_parallel(model: torch.nn.Module, device_mesh) -> torch.nn.Module:  #
 def test_fsdp2_trains_like_one_process(pg, stack):
     """fully_shard on each layer and the model, on every rank (1-D) or as HSDP on (replicate, shard); with
     a frozen bfloat16 parameter in the last layer's unit, whose parameters FSDP2 then all-gathers as uint8."""
-    device_mesh = training.mesh(pg.device.type, training.mesh_shape(pg.world_size, stack.dims))
+    device_mesh = training_mesh(pg.device.type, mesh_shape(pg.world_size, stack.dims))
     dtype, frozen = stack.torch_dtype(), stack.frozen_dtype()
-    expected = training.train(training.tiny_model(pg.device, dtype, frozen=frozen), pg.device, dtype)
-    model = _sharded(training.tiny_model(pg.device, dtype, frozen=frozen), device_mesh)
+    expected = train(tiny_model(pg.device, dtype, frozen=frozen), pg.device, dtype)
+    model = _sharded(tiny_model(pg.device, dtype, frozen=frozen), device_mesh)
     forward = FSDP2_FORWARD + (FSDP2_UINT8 if frozen else "")
     backward = FSDP2_BACKWARD[dtype] + (HSDP if stack.dims == 2 else "")
-    got = training.train(model, pg.device, dtype)
-    failure = training.first_difference(expected, got, forward, backward, training.BOUNDS[dtype])
+    got = train(model, pg.device, dtype)
+    failure = first_difference(expected, got, forward, backward, TRAINING_BOUNDS[dtype])
     assert failure is None, f"FSDP2 in {stack.dtype} on a {tuple(device_mesh.mesh.shape)} mesh, {failure}"
 
 
@@ -85,29 +98,29 @@ def test_fsdp2_trains_like_one_process(pg, stack):
 @pytest.mark.parametrize("stack", [s for s in STACKS if s.name == TENSOR_PARALLEL], ids=repr)
 def test_tensor_parallel_trains_like_one_process(pg, stack):
     """Colwise then rowwise linear layers on every rank (1-D), or on the tp dimension with FSDP2 over dp."""
-    shape = training.mesh_shape(pg.world_size, stack.dims)
-    device_mesh = training.mesh(pg.device.type, shape)
-    hidden, dtype = 8 * shape[-1], stack.torch_dtype()  # a width tp divides (training.tiny_model says why)
-    expected = training.train(training.tiny_model(pg.device, dtype, hidden), pg.device, dtype)
-    model = training.tiny_model(pg.device, dtype, hidden)
+    shape = mesh_shape(pg.world_size, stack.dims)
+    device_mesh = training_mesh(pg.device.type, shape)
+    hidden, dtype = 8 * shape[-1], stack.torch_dtype()  # a width tp divides (tiny_model says why)
+    expected = train(tiny_model(pg.device, dtype, hidden), pg.device, dtype)
+    model = tiny_model(pg.device, dtype, hidden)
     if stack.dims == 1:
         model, forward, backward = _tensor_parallel(model, device_mesh), TP_FORWARD, TP_BACKWARD
     else:
         model = _sharded(_tensor_parallel(model, device_mesh["tp"]), device_mesh["dp"])
         forward = f"{TP_FORWARD}, or {FSDP2_FORWARD}"
         backward = f"{TP_BACKWARD}, or {FSDP2_BACKWARD[dtype]}"
-    got = training.train(model, pg.device, dtype)
-    failure = training.first_difference(expected, got, forward, backward, training.BOUNDS[dtype])
+    got = train(model, pg.device, dtype)
+    failure = first_difference(expected, got, forward, backward, TRAINING_BOUNDS[dtype])
     assert failure is None, f"tensor parallel on a {shape} mesh, {failure}"
 
 
 @pytest.mark.world_size()
-@pytest.mark.parametrize("call", [FunctionalCall(name) for name in training.FUNCTIONAL_CALLS], ids=repr)
+@pytest.mark.parametrize("call", [FunctionalCall(name) for name in FUNCTIONAL_CALLS], ids=repr)
 def test_functional_collective_gives_the_reference_after_wait_tensor(pg, call):
     """What tensor parallelism and DTensor call (torch.distributed._functional_collectives), on the default
     group: each result, read after wait_tensor, is the exact reduction or placement of every rank's input
     (all_to_all_single with uneven splits, a zero split among them)."""
-    results = training.functional_results(call.name, pg.rank, pg.world_size, pg.group, pg.device)
+    results = functional_results(call.name, pg.rank, pg.world_size, pg.group, pg.device)
     for i, (got, want) in enumerate(results):
         assert torch.equal(got.cpu(), want), (
             f"functional {call.name} on rank {pg.rank} of {pg.world_size}, result {i}: "
@@ -121,7 +134,7 @@ def _redistributions() -> st.SearchStrategy[list[Redistribution]]:
 
     def listed(_: object) -> list[Redistribution]:
         dims, found = item_parameter("dims"), active_capabilities().cells
-        every = range(len(training.placements(dims)))
+        every = range(len(placements(dims)))
         pairs = [Redistribution(dims, i, j) for i in every for j in every]
         return [p for p in pairs if found.get(p.cells()[0]) == ""]
 
@@ -138,13 +151,13 @@ def test_dtensor_redistribute_every_placement_pair(pg, dims, pair):
 
 
 def _check_redistribution(pg, pair: Redistribution) -> None:  # noqa: ANN001
-    shape = training.mesh_shape(pg.world_size, pair.dims)
-    device_mesh = training.mesh(pg.device.type, shape)
+    shape = mesh_shape(pg.world_size, pair.dims)
+    device_mesh = training_mesh(pg.device.type, shape)
     source, target = pair.placements()
-    moved = training.distributed(device_mesh, source).redistribute(device_mesh, list(target))
-    where = f"redistribute {pair!r} of a {training.FULL_SHAPE} tensor on a {shape} mesh"
+    moved = distributed_tensor(device_mesh, source).redistribute(device_mesh, list(target))
+    where = f"redistribute {pair!r} of a {FULL_SHAPE} tensor on a {shape} mesh"
     assert tuple(moved.placements) == target, f"{where}: placed as {moved.placements}"
-    whole, expected = moved.full_tensor().cpu(), training.full_tensor()
+    whole, expected = moved.full_tensor().cpu(), full_tensor()
     if not torch.equal(whole, expected):
         wrong = (whole != expected).nonzero().tolist()
         raise AssertionError(
