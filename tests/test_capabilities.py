@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import torch
 from docblocks import block_of, unshown
-from helpers import SUPPORT, copy_conformance, torch_below
+from helpers import PLANTED_FILES, SUPPORT, copy_conformance, run_on_backend, torch_below
 
 from pytest_collectives.algorithms.reference import defined
 from pytest_collectives.conformance import known_bugs
@@ -183,7 +182,7 @@ def test_cells_a_known_bug_withholds_are_never_drawn_and_read_known_bug():
 
 def test_gloo_probe_and_matrix_end_to_end(pytester: pytest.Pytester) -> None:
     """The probe runs on the live group; what gloo refuses is N/A, and what ran is PASS, in the JSON."""
-    copy_suite(pytester.path)
+    copy_conformance(pytester.path, PLANTED_FILES)
     result = pytester.runpytest(
         "test_point_to_point.py", "-k", "ring_exchange", "--world-sizes", "2", "--capability-json",
         "matrix.json", "-p", "no:cacheprovider",
@@ -202,7 +201,7 @@ def test_gloo_probe_and_matrix_end_to_end(pytester: pytest.Pytester) -> None:
 
 def test_a_run_that_checked_nothing_fails(pytester: pytest.Pytester) -> None:
     """Every conformance test N/A (point to point at one rank: no peer) proves nothing: the run fails."""
-    copy_suite(pytester.path)
+    copy_conformance(pytester.path, PLANTED_FILES)
     result = pytester.runpytest("test_point_to_point.py", "--world-sizes", "1", "-p", "no:cacheprovider")
     result.assert_outcomes(skipped=6)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -278,26 +277,6 @@ MUTANTS = [
         "*channels_last all_gather: rank * part on rank*",
     ),
 ]
-
-
-def copy_suite(directory: Path) -> None:
-    files = (
-        "test_all_reduce.py",
-        "test_operations.py",
-        "test_point_to_point.py",
-        "test_every_cell.py",
-        "test_layouts.py",
-        "test_mismatches.py",
-    )
-    copy_conformance(directory, files)
-
-
-def run_on_backend(pytester: pytest.Pytester, backend: str, *args: str) -> pytest.RunResult:
-    copy_suite(pytester.path)
-    return pytester.runpytest(
-        "--backend-module", "mutant_backends", "--backend", backend, "--world-sizes", "3", "--dist-timeout",
-        "30", "-p", "no:cacheprovider", *args,
-    )  # fmt: skip
 
 
 @python_backends
@@ -464,7 +443,7 @@ if "ACME" not in dist.Backend._plugins:
 def test_a_backend_failing_in_another_backends_refusal_words_is_told_how_to_declare_them(pytester) -> None:
     """The failures stand (N/A only in the backend's own words), and the summary says once what to do."""
     pytester.makepyfile(acme_backend=VENDOR)
-    copy_suite(pytester.path)
+    copy_conformance(pytester.path, PLANTED_FILES)
     result = pytester.runpytest(
         "--backend-module", "acme_backend", "--backend", "acme", "--world-sizes", "2", "-p",
         "no:cacheprovider", *EVERY_ALL_REDUCE,
@@ -690,7 +669,7 @@ def test_a_backend_registered_for_another_device_is_a_usage_error_on_cpu(pyteste
 def test_torch_fake_backend_fails_loudly(pytester: pytest.Pytester) -> None:
     """torch's fake backend accepts every call and moves nothing: every probe passes, so every cell is
     drawn, and the sentinel shows the elements it never wrote. Not a silent pass."""
-    copy_suite(pytester.path)
+    copy_conformance(pytester.path, PLANTED_FILES)
     result = pytester.runpytest(
         "test_operations.py", "-k", "test_broadcast and not binomial", "--world-sizes", "2",
         "-p", "no:cacheprovider", "--backend", "fake",

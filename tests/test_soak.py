@@ -16,7 +16,7 @@ import time
 
 import pytest
 from docblocks import block_of, unshown
-from helpers import copy_checkout, copy_conformance, torch_below
+from helpers import copy_checkout, run_on_backend, torch_below
 
 from pytest_collectives.bench import side_by_side
 from pytest_collectives.execution import configurations, options
@@ -25,6 +25,7 @@ from pytest_collectives.execution.options import duration
 
 # one distributed conformance test, at 2 ranks: a pass takes about a second on the 2-core machine
 TEST = "test_all_reduce.py::test_all_reduce_matches_exact_reference[ws2-all_reduce]"
+ONE_TEST = {"files": ("test_all_reduce.py",), "world_sizes": "2", "dist_timeout": None}
 python_backends = pytest.mark.skipif(
     torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13 (test_capabilities.py)"
 )
@@ -78,14 +79,6 @@ def test_a_benchmark_that_got_worse_over_the_passes_is_a_warning() -> None:
     assert drifted(slower, 0.5) == []
 
 
-def _run(pytester: pytest.Pytester, backend: str, *args: str) -> pytest.RunResult:
-    copy_conformance(pytester.path, ("test_all_reduce.py",))
-    return pytester.runpytest(
-        TEST, "--backend-module", "mutant_backends", "--backend", backend, "--world-sizes", "2", "-p",
-        "no:cacheprovider", *args,
-    )  # fmt: skip
-
-
 @python_backends
 def test_a_node_that_wears_out_passes_one_run_and_fails_the_soak_which_says_when(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
@@ -93,9 +86,9 @@ def test_a_node_that_wears_out_passes_one_run_and_fails_the_soak_which_says_when
     """float32 all_reduce turns wrong after 100 calls on a rank: one pass (some 10 to 40 such calls) passes,
     the soak fails from a later pass on, in the same group, and says from which pass and when."""
     monkeypatch.setenv("ACME_WEAR_CALLS", "100")
-    plain = _run(pytester, "mutant_wrong_after_wear", "--hypothesis-seed=1")
+    plain = run_on_backend(pytester, "mutant_wrong_after_wear", TEST, "--hypothesis-seed=1", **ONE_TEST)
     assert plain.ret == 0, plain.stdout.str()[-3000:]
-    soak = _run(pytester, "mutant_wrong_after_wear", "--soak", "20s")
+    soak = run_on_backend(pytester, "mutant_wrong_after_wear", TEST, "--soak", "20s", **ONE_TEST)
     out = soak.stdout.str()
     assert soak.ret == 1, out[-3000:]
     found = re.search(
@@ -127,9 +120,9 @@ def test_a_rare_corruption_gets_its_rate_and_a_replay_command(
     it failed, and a command that runs that test again with the failing pass's seed."""
     monkeypatch.setenv("ACME_ONE_IN", "40")
     monkeypatch.setenv("ACME_ONE_IN_SEED", "1")  # which calls are hit, and the passes' seeds, run to run
-    soak = _run(
-        pytester, "mutant_wrong_once_in_thousands", "--soak", "12s", "--node-report", "report",
-        "--hypothesis-seed=1",
+    soak = run_on_backend(
+        pytester, "mutant_wrong_once_in_thousands", TEST, "--soak", "12s", "--node-report", "report",
+        "--hypothesis-seed=1", **ONE_TEST,
     )  # fmt: skip
     out = soak.stdout.str()
     assert soak.ret == 1, out[-3000:]

@@ -4,7 +4,7 @@ tests/training_mutants.py with its consequence named, and pass without one."""
 from __future__ import annotations
 
 import pytest
-from helpers import copy_conformance
+from helpers import run_on_backend
 
 from pytest_collectives.conformance import training
 
@@ -46,25 +46,20 @@ MUTANTS = [
 ]
 
 
-def run(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, mutant: str, select: str
-) -> pytest.RunResult:
-    copy_conformance(pytester.path, ("test_training.py",))
-    monkeypatch.setenv("TRAINING_MUTANT", mutant)  # read on every rank when training_mutants is imported
-    return pytester.runpytest(
-        "--backend-module", "training_mutants", "--world-sizes", "3", "--dist-timeout", "60",
-        "-p", "no:cacheprovider", "-x", "-k", select,
-    )  # fmt: skip
+# the training stacks' suite on the default backend, which training_mutants patches as TRAINING_MUTANT says
+# (read on every rank when training_mutants is imported)
+TRAINING = {"module": "training_mutants", "files": ("test_training.py",), "dist_timeout": 60}
 
 
 @pytest.mark.parametrize("mutant, select, message", MUTANTS, ids=[m[0] for m in MUTANTS])
-def test_a_planted_training_stack_bug_is_caught(pytester, monkeypatch, mutant, select, message) -> None:
-    result = run(pytester, monkeypatch, mutant, select)
+def test_a_planted_training_stack_bug_is_caught(pytester, mutant, select, message) -> None:
+    result = run_on_backend(pytester, None, "-x", "-k", select, env={"TRAINING_MUTANT": mutant}, **TRAINING)
     assert result.parseoutcomes().get("failed", 0) == 1, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines([message])
 
 
-def test_the_same_selections_pass_with_nothing_planted(pytester, monkeypatch) -> None:
-    result = run(pytester, monkeypatch, "", " or ".join(f"({m[1]})" for m in MUTANTS))
+def test_the_same_selections_pass_with_nothing_planted(pytester) -> None:
+    select = " or ".join(f"({m[1]})" for m in MUTANTS)
+    result = run_on_backend(pytester, None, "-x", "-k", select, env={"TRAINING_MUTANT": ""}, **TRAINING)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == len(MUTANTS), result.stdout.str()

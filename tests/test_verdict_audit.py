@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import SUITES, SUPPORT, copy_conformance, torch_below
+from helpers import run_on_backend, torch_below
 
 pytestmark = [
     pytest.mark.slow,
@@ -76,19 +76,12 @@ ROWS = [
     "backend, args, env, status, line", [row[1:] for row in ROWS], ids=[row[0] for row in ROWS]
 )
 def test_each_planted_bug_gets_its_verdict_in_each_mode(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, backend, args, env, status, line
+    pytester: pytest.Pytester, backend, args, env, status, line
 ) -> None:
-    copy_conformance(pytester.path, ("test_all_reduce.py", "test_operations.py", "test_point_to_point.py"))
-    for path in (SUITES / "perf").glob("*.py"):
-        (pytester.path / path.name).write_text(path.read_text())
-    monkeypatch.setenv("PYTHONPATH", str(SUPPORT))
-    monkeypatch.setenv("ACME_PROTO", "")
-    for name, value in env.items():
-        monkeypatch.setenv(name, value.format(tmp=pytester.path))
-    where = ["--backend-module", "mutant_backends", "--backend", backend]
-    result = pytester.runpytest_subprocess(
-        *args, *where, *(["--world-sizes", "3"] if "--world-sizes" not in args else []),
-        "--dist-timeout", "60", "-p", "no:cacheprovider", timeout=600,
+    result = run_on_backend(
+        pytester, backend, *args, perf=True, dist_timeout=60, subprocess_timeout=600,
+        files=("test_all_reduce.py", "test_operations.py", "test_point_to_point.py"),
+        env={"ACME_PROTO": "", **{name: value.format(tmp=pytester.path) for name, value in env.items()}},
     )  # fmt: skip
     out = result.stdout.str()
     assert result.ret == status, out[-4000:]

@@ -1,6 +1,7 @@
 """What several test modules share: how they load the plugin in a subprocess, a process's state from
 /proc, a CPU fingerprint, JUnit outcomes, the node report's input data (an 8-GPU RTX 3090 node and a CPU
-machine), and the task the bench scripts hand a warm group directly."""
+machine), how they run the suites on a planted backend, and the task the bench scripts hand a warm group
+directly."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 from pytest_collectives.execution.messages import Task
 from pytest_collectives.topology.fingerprint import Fingerprint, GpuInfo
@@ -158,6 +161,56 @@ def copy_checkout(root: Path) -> None:
     """The suites as a user's clone has them, beside an empty baselines/ (pytest.ini names it)."""
     shutil.copytree(SUITES, root / "suites", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "pytest.ini").write_text("[pytest]\nbaseline_dir = baselines\n")
+
+
+# The files a run on a planted backend copies unless told others: those test_capabilities.py's many runs
+# select their tests from.
+PLANTED_FILES = (
+    "test_all_reduce.py",
+    "test_operations.py",
+    "test_point_to_point.py",
+    "test_every_cell.py",
+    "test_layouts.py",
+    "test_mismatches.py",
+)
+
+
+def run_on_backend(
+    pytester: pytest.Pytester,
+    backend: str | None,
+    *args: str,
+    module: str = "mutant_backends",
+    files: tuple[str, ...] = PLANTED_FILES,
+    perf: bool = False,
+    world_sizes: str = "3",
+    dist_timeout: int | None = 30,
+    env: dict[str, str] | None = None,
+    subprocess_timeout: float | None = None,
+) -> pytest.RunResult:
+    """pytest ``args`` on ``backend`` of ``module`` (None: no --backend, torch's default as ``module`` patches
+    it), over the conformance ``files`` (copy_conformance) and, with ``perf``, the perf suite's, all in
+    pytester's folder. A ``--world-sizes`` in ``args`` replaces ``world_sizes``; ``dist_timeout`` None
+    leaves the plugin's. ``env`` holds for the run alone. With ``subprocess_timeout`` the run is a process
+    of its own, as a user types it, finding the planted backends on PYTHONPATH; else it runs in this one,
+    where conftest.py put them on sys.path."""
+    copy_conformance(pytester.path, files)
+    if perf:
+        for path in (SUITES / "perf").glob("*.py"):
+            (pytester.path / path.name).write_text(path.read_text())
+    flags = ["--backend-module", module, *(["--backend", backend] if backend else [])]
+    if not any(arg.startswith("--world-sizes") for arg in args):
+        flags += ["--world-sizes", world_sizes]
+    if dist_timeout is not None:
+        flags += ["--dist-timeout", str(dist_timeout)]
+    flags += ["-p", "no:cacheprovider", *args]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if subprocess_timeout is not None:
+            monkeypatch.setenv("PYTHONPATH", str(SUPPORT))
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        if subprocess_timeout is None:
+            return pytester.runpytest(*flags)
+        return pytester.runpytest_subprocess(*flags, timeout=subprocess_timeout)
 
 
 def module_task(source: str, function: str, **kwargs: object) -> Task:
