@@ -53,7 +53,7 @@ def _hypothesis_profile_kept() -> object:
 @pytest.fixture(autouse=True, scope="session")
 def _not_an_xdist_worker() -> object:
     """Where these tests themselves run under pytest-xdist (-n), the sessions they start are not its
-    workers: the plugin reads a worker's identity from the environment (execution.xdist.worker). For the
+    workers: the plugin reads a worker's identity from the environment (execution.modes.xdist.worker). For the
     whole session, so that a module's fixture starting a session sees it hidden too."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):

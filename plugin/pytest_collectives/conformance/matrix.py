@@ -304,11 +304,11 @@ class CapabilityMatrix:
             return None
         if self.checked_nothing():
             return "conformance: FAIL, every conformance test was skipped (N/A); no cell was tried"
-        doc = self.document()
-        statuses = [row["status"] for row in doc["cells"]]
+        rows = self.rows()  # the cells alone: the rest of document() has no part in the verdict
+        statuses = [row["status"] for row in rows]
         counts = {status: statuses.count(status) for status in (FAIL, PASS, KNOWN, NA)}
         said = [f"{n} {_WORDS[status]}" for status, n in counts.items() if n]
-        stacks = [stack for stack, verdict in doc.get("training", {}).items() if verdict.startswith(FAIL)]
+        stacks = [stack for stack, verdict in training_verdicts(rows).items() if verdict.startswith(FAIL)]
         said += [f"{', '.join(stacks)} failed"] if stacks else []
         return f"conformance: {FAIL if counts[FAIL] or stacks else PASS}, {', '.join(said)}"
 

@@ -13,11 +13,11 @@ import pytest
 from pytest_collectives.execution import options
 from pytest_collectives.execution.outcome import GroupOutcome
 
+# The running test's parameters and world sizes, set by DistributedSession around each call: a strategy is
+# drawn inside the call, where the item itself is out of its reach.
 PARAMS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "collectives_params", default=types.MappingProxyType({})
 )
-
-
 SIZES: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("collectives_sizes", default=())
 
 
