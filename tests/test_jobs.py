@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from docblocks import block_of, commands, pytest_args, unshown
+from docblocks import ROOT, block_of, commands, pytest_args, unshown
 from helpers import copy_checkout
 
 # The gate's verdicts judge real timings, which a test beside it under -n would skew.
@@ -120,3 +121,38 @@ def test_pytest_benchmark_s_own_perf_only_flag_is_a_perf_run(checkout: pytest.Py
     result.assert_outcomes(passed=2, skipped=1)
     assert result.ret == 0, result.stdout.str()[-3000:]
     result.stdout.no_fnmatch_line("*conformance checked nothing*")
+
+
+# What a clone holds, not what a session here made beside it.
+NOT_CLONED = (".git", ".tox", "build", "*.egg-info", "__pycache__", ".hypothesis", ".*_cache", ".benchmarks")
+
+
+@pytest.mark.slow
+def test_the_pep_668_set_up_makes_an_environment_whose_pytest_runs_the_jobs(tmp_path: Path) -> None:
+    """The README's set-up where pip refuses the system Python (PEP 668), as typed, with the system's
+    ``python3`` and ``~`` a folder of this test's: tox in a virtual environment of its own, then tox's
+    suites environment (a few conformance tests of it: the whole run is .ci/run's). Its activated shell's
+    ``pytest`` is its own and runs a job. pip refuses nothing here: what is proven is that the set-up
+    needs nothing of the system's pip."""
+    clone, home = tmp_path / "clone", tmp_path / "home"
+    shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(*NOT_CLONED))
+    # A user's shell: none of this session's environment (tox's, pytest's), so python3 is the system's.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TOX_", "VIRTUAL_ENV"))}
+    env.pop("PYTHONPATH", None)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != ENVIRONMENT)
+    set_up = block_of("README.md", "~/.venvs/tox").text
+    assert block_of("docs/getting-started.md", "~/.venvs/tox").text == set_up
+    for command in commands(set_up):
+        typed = [str(home) + word[1:] if word.startswith("~/") else word for word in command]
+        if typed[-2:] == ["-e", "suites"]:
+            typed += ["--", "-k", CONFORMANCE[2], "--world-sizes", "2", "-p", "no:cacheprovider"]
+        done = subprocess.run(typed, cwd=clone, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{' '.join(command)}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+    assert "capability matrix" in done.stdout, done.stdout[-3000:]
+    activated = clone / ".tox" / "suites" / "bin"
+    typed = shutil.which("pytest", path=f"{activated}{os.pathsep}{env['PATH']}")
+    assert typed and Path(typed).parent == activated, f"{activated} has no pytest of its own"
+    job = subprocess.run(
+        [typed, "suites/perf", "--collect-only", "-q"], cwd=clone, env=env, capture_output=True, text=True
+    )
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
