@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from pytest_collectives.execution import options
-from pytest_collectives.gate.store import BenchmarkEntry, save_baseline
+from pytest_collectives.gate.baseline_format import BenchmarkEntry
+from pytest_collectives.gate.store import save_baseline
 from pytest_collectives.topology.detect import detect
 
 USAGE, COLLECTION = pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERRUPTED

@@ -10,19 +10,17 @@ import jsonschema
 import pytest
 from helpers import cpu_fingerprint, gpu_fingerprint
 
+from pytest_collectives.gate import baseline_format
 from pytest_collectives.gate import store as baselines
-from pytest_collectives.gate.store import (
+from pytest_collectives.gate.baseline_format import (
     SCHEMA_VERSION,
     BaselineError,
     BenchmarkEntry,
     Run,
     Summary,
-    find_baseline,
-    load_baseline,
-    resolve_baseline,
-    save_baseline,
-    sittings,
 )
+from pytest_collectives.gate.choosing import resolve_baseline
+from pytest_collectives.gate.store import find_baseline, load_baseline, save_baseline, sittings
 from pytest_collectives.schemas import load_schema
 from pytest_collectives.schemas.validation import first_error
 from pytest_collectives.topology.identity import topology_id
@@ -81,10 +79,10 @@ def test_the_fastest_round_is_judged_once_every_run_kept_it(tmp_path):
     write(path, json.dumps(doc))
     old = load_baseline(path).runs[0]
     assert old.benchmarks["all_reduce[1MiB]"].min is None
-    assert baselines.judged_statistic([old]) == "median"
+    assert baseline_format.judged_statistic([old]) == "median"
     path = saved(tmp_path)  # a new run, with its minimum, beside the old one
     runs = load_baseline(path).runs
-    assert [baselines.judged_statistic(runs[i:]) for i in range(2)] == ["median", "min"]
+    assert [baseline_format.judged_statistic(runs[i:]) for i in range(2)] == ["median", "min"]
 
 
 def test_a_run_records_its_boot_and_runs_of_one_boot_within_an_hour_are_one_sitting(tmp_path):
@@ -185,7 +183,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypa
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(baselines.os, failing, boom)
-    with pytest.raises(baselines.BaselineError, match=r"cannot write the baseline \(No space left"):
+    with pytest.raises(baseline_format.BaselineError, match=r"cannot write the baseline \(No space left"):
         save_baseline(tmp_path / "baselines", cpu_fingerprint(), results())
     assert path.read_bytes() == before
     assert leftovers(path) == []
@@ -350,7 +348,7 @@ def test_each_schema_defect_names_file_and_field(tmp_path, where, value, field):
 def test_the_shipped_schema_accepts_committed_and_written_baselines(tmp_path):
     schema = load_schema("baseline.schema.json")  # from the package's data, as a tool would read it
     jsonschema.Draft202012Validator.check_schema(schema)
-    assert schema == baselines.BASELINE_SCHEMA and schema["properties"]["schema_version"]["const"] == 2
+    assert schema == baseline_format.BASELINE_SCHEMA and schema["properties"]["schema_version"]["const"] == 2
     committed = sorted((REPO / "baselines").glob("*/*.json"))
     assert committed
     gpu = gpu_fingerprint()
@@ -407,7 +405,7 @@ def test_the_first_error_is_the_first_field_in_the_file(tmp_path):
         load_baseline(path)
     one_line(info, path, "field 'runs[2].benchmarks.all_reduce[1MiB].rounds' must be >= 1")
     expected = "runs[2].benchmarks.all_reduce[1MiB].rounds must be >= 1, got 0"  # the node report's style
-    assert first_error(doc, baselines.BASELINE_SCHEMA) == expected
+    assert first_error(doc, baseline_format.BASELINE_SCHEMA) == expected
 
 
 def test_wrong_schema_version(tmp_path):

@@ -22,7 +22,7 @@ from test_preflight import FakeNvml, hgx
 from pytest_collectives.nodereport.fleet import cli as fleet
 from pytest_collectives.nodereport.fleet import stats as fleetstats
 from pytest_collectives.nodereport.fleet import write as fleetwrite
-from pytest_collectives.nodereport.fleet.cli import load_reports
+from pytest_collectives.nodereport.fleet.reading import load_reports, report_figures
 from pytest_collectives.nodereport.fleet.stats import judge_fleet
 from pytest_collectives.nodereport.fleet.write import render_html, to_json
 from pytest_collectives.nodereport.judging.nvml import read_nvml
@@ -106,7 +106,7 @@ def memory_fleet(rng: random.Random, noise: float = 0.05) -> list[fleetstats.Nod
     """Healthy nodes straight from their data, for loops too long to write files in."""
     return [
         fleetstats.Node(
-            f"node{k:02d}", f"node{k:02d}/report.json", TOPOLOGY, fleet.report_figures(node_data(rng, noise))
+            f"node{k:02d}", f"node{k:02d}/report.json", TOPOLOGY, report_figures(node_data(rng, noise))
         )
         for k in range(NODES)
     ]
@@ -261,7 +261,7 @@ def test_figures_of_fewer_than_three_nodes_are_not_judged():
 
 
 def test_figures_of_a_report():
-    figures = fleet.report_figures(node_data(random.Random(1), noise=0.0))
+    figures = report_figures(node_data(random.Random(1), noise=0.0))
     assert figures["p2p GPU0->GPU1"] == fleetstats.Figure(101.78, "higher", "GB/s")
     assert figures["p2p class NV4 median"].value == pytest.approx((101.65 + 101.68) / 2)
     assert "p2p GPU0->GPU0" not in figures
@@ -269,7 +269,7 @@ def test_figures_of_a_report():
     assert figures["time test_all_reduce[64MiB]"] == fleetstats.Figure(0.01 * 0.92, "lower", "s")
     assert len(figures) == 56 + 2 + 10 + 2
     empty = {"p2p": None, "collectives": [], "baseline": {"available": False, "path": None, "rows": []}}
-    assert fleet.report_figures(empty) == {}
+    assert report_figures(empty) == {}
 
 
 # ---------------------------------------------------------------------------------------------------------

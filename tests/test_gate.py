@@ -227,7 +227,8 @@ def test_corrupt_baseline_is_a_one_line_error(pytester, bench_dir, content, fiel
 
 def seed_baseline(root: Path, names: list[str], runs: int = 3) -> None:
     """A baseline of this machine's topology holding ``names``, without timing a run for each."""
-    from pytest_collectives.gate.store import BenchmarkEntry, save_baseline
+    from pytest_collectives.gate.baseline_format import BenchmarkEntry
+    from pytest_collectives.gate.store import save_baseline
     from pytest_collectives.topology.detect import detect
 
     results = {name: BenchmarkEntry.from_samples([0.01 + 0.0001 * k for k in range(15)]) for name in names}

@@ -14,7 +14,7 @@ import torch
 from helpers import gpu_data
 
 import pytest_collectives
-from pytest_collectives.gate.store import BenchmarkEntry
+from pytest_collectives.gate.baseline_format import BenchmarkEntry
 from pytest_collectives.nodereport.collect import host_device, p2p_latency, p2p_matrix
 from pytest_collectives.nodereport.judging.checks import FAIL, PASS
 from pytest_collectives.nodereport.judging.verdicts import report_checks

@@ -183,6 +183,16 @@ def test_execution_is_in_its_families():
     assert not leaks, leaks
 
 
+BANNER = re.compile(r"^# -{20,}$", re.MULTILINE)
+
+
+def test_no_module_is_a_folder_in_disguise() -> None:
+    """A module divided by banner comments is parts that want modules of their own: each was split along
+    its banners, and none grows them back."""
+    divided = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if BANNER.search(p.read_text()))
+    assert not divided, f"split these along their banners: {divided}"
+
+
 def test_the_plugin_runs_without_hypothesis_or_xdist(pytester):
     # Both are extras: with neither importable (and their pytest plugins off), a distributed test runs.
     pytester.makepyfile(

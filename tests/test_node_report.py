@@ -10,7 +10,7 @@ import pytest
 from helpers import cpu_data, gpu_data
 
 import pytest_collectives
-from pytest_collectives.gate.store import BenchmarkEntry
+from pytest_collectives.gate.baseline_format import BenchmarkEntry
 from pytest_collectives.nodereport.collect import p2p_matrix
 from pytest_collectives.nodereport.outputs import plots
 from pytest_collectives.nodereport.outputs.schema import DATA_SCHEMA, REPORT_SCHEMA, ReportError, validate

@@ -148,8 +148,9 @@ def test_only_the_control_channel_unpickles() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["gate/store.py", "gate/baseline_gate.py", "gate/report.py", "nodereport/outputs/write.py",
-     "nodereport/collect.py", "nodereport/fleet/cli.py", "nodereport/fleet/write.py"],
+    ["gate/store.py", "gate/baseline_format.py", "gate/choosing.py", "gate/baseline_gate.py",
+     "gate/report.py", "nodereport/outputs/write.py", "nodereport/collect.py", "nodereport/fleet/reading.py",
+     "nodereport/fleet/cli.py", "nodereport/fleet/write.py"],
 )  # fmt: skip
 def test_files_on_disk_are_json(module: str) -> None:
     path = PACKAGE / module

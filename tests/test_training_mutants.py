@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from helpers import run_on_backend
 
-from pytest_collectives.conformance import training
+from pytest_collectives.conformance.training import stacks
 
 pytestmark = pytest.mark.skipif(
-    bool(training.missing(training.FSDP2)), reason=str(training.missing(training.FSDP2))
+    bool(stacks.missing(stacks.FSDP2)), reason=str(stacks.missing(stacks.FSDP2))
 )
 
 MUTANTS = [

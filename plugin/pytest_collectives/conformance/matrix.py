@@ -440,7 +440,7 @@ def differences(each: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return found
 
 
-# The training stacks' rows (conformance/training.py), each read as one verdict.
+# The training stacks' rows (conformance/training/), each read as one verdict.
 TRAINING_STACKS = {
     "fsdp2": "FSDP2",
     "tensor_parallel": "tensor parallel",

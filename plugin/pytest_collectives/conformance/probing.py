@@ -101,13 +101,13 @@ def _drawn_from_probe(request: pytest.FixtureRequest) -> None:
 def _with_training_rows(request: pytest.FixtureRequest, found: Capabilities) -> Capabilities:
     """The probe with the training stacks' rows added, probed once per world size, only in sessions that
     run a test marked ``training`` (each makes device meshes, a group rendezvous per mesh dimension)."""
-    from pytest_collectives.conformance import training
+    from pytest_collectives.conformance.training import stacks
     from pytest_collectives.execution.suite_api import SESSION, run_on_ranks
 
     configuration = request.config.stash[SESSION].configuration
     done = request.config.stash.setdefault(_TRAINING_PROBED, set())
     if (found.world_size, configuration.env) not in done:
-        answers = run_on_ranks(request.config, found.world_size, training.probe_rows)
+        answers = run_on_ranks(request.config, found.world_size, stacks.probe_rows)
         found.cells.update(answers[0])
         done.add((found.world_size, configuration.env))
         if (matrix := request.config.stash.get(MATRIX, None)) is not None:

@@ -2,9 +2,9 @@
 
 Results come from pytest-benchmark's own session (distributed benchmarks feed it from the ranks, plain
 ones time themselves), so every benchmark of the run is gated the same way. The rule lives in
-statistics.py, the files in store.py, the text in report.py, the topology in topology/; this
-module only wires them to the session: save, resolve, judge, measure the flagged ones again, report, and
-set the exit status.
+statistics.py, the files in store.py (baseline_format.py, choosing.py), the text in report.py, the
+topology in topology/; this module only wires them to the session: save, resolve, judge, measure the
+flagged ones again, report, and set the exit status.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import pytest
 
 from pytest_collectives.bench import shim as benchmark_shim
 from pytest_collectives.gate import report as gate_report
+from pytest_collectives.gate.baseline_format import BaselineError, BenchmarkEntry, judged_statistic
+from pytest_collectives.gate.choosing import ResolvedBaseline, recorded_fingerprints, resolve_baseline
 from pytest_collectives.gate.settings import GateSettings
 from pytest_collectives.gate.statistics import (
     DEFAULT_TOLERANCE,
@@ -32,19 +34,7 @@ from pytest_collectives.gate.statistics import (
     reconfirmed,
     resting_on,
 )
-from pytest_collectives.gate.store import (
-    DEFAULT_NAME,
-    BaselineError,
-    BenchmarkEntry,
-    ResolvedBaseline,
-    check_saveable,
-    judged_statistic,
-    load_baseline,
-    recorded_fingerprints,
-    resolve_baseline,
-    save_baseline,
-    sittings,
-)
+from pytest_collectives.gate.store import DEFAULT_NAME, check_saveable, load_baseline, save_baseline, sittings
 from pytest_collectives.hookspecs import merged_answers
 from pytest_collectives.topology.compare import described, looks_degraded, nearest
 from pytest_collectives.topology.detect import detect

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from pytest_collectives.errors import OptionError
+from pytest_collectives.gate.baseline_format import BaselineError
 from pytest_collectives.gate.statistics import DEFAULT_THRESHOLD, DEFAULT_TOLERANCE, MIN_RUNS
-from pytest_collectives.gate.store import DEFAULT_NAME, KEEP_RUNS, BaselineError, load_baseline
+from pytest_collectives.gate.store import DEFAULT_NAME, KEEP_RUNS, load_baseline
 from pytest_collectives.option import Option
 
 DEFAULT_MIN_JUDGED = 0.5

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from pytest_collectives.gate.store import BenchmarkEntry
+from pytest_collectives.gate.baseline_format import BenchmarkEntry
 from pytest_collectives.hookspecs import merged_answers
 from pytest_collectives.nodereport.judging import nvml
 from pytest_collectives.nodereport.judging.links import LOOPBACK_LINK, NETWORK_LINK

@@ -1,5 +1,5 @@
 """NVML facts: the GPU health that makes a communication measurement meaningless when it is bad, read once
-before the run (and sampled again under load), and the names a verdict gives the GPUs they describe.
+before the run (and sampled again under load); the names a verdict gives the GPUs are gpu_names.py's.
 
 NVML is the `pynvml` module of the optional package nvidia-ml-py, as in topology/detect.py. Reading is kept
 apart from judging (preflight.py) so that the facts can travel in report.json, validated by `FACTS_SCHEMA`,
@@ -14,8 +14,7 @@ and be judged again from there:
 from __future__ import annotations
 
 import copy
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -42,10 +41,6 @@ FACTS_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     **load_schema("node-report.schema.json")["$defs"]["nvml_facts"],
 }
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Reading NVML
 
 
 def _one_line(exc: BaseException) -> str:
@@ -310,34 +305,3 @@ def sample_throttle(facts: Mapping[str, Any], nvml: ModuleType | None = None) ->
     finally:
         _shutdown(nvml)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Naming the GPUs in a verdict: every non-PASS Check names its GPU by index, model and PCI bus id
-
-
-def label(gpu: Mapping[str, Any]) -> str:
-    return (
-        f"GPU{gpu['index']} ({gpu.get('name') or 'unknown model'}, {gpu.get('bus_id') or 'unknown bus id'})"
-    )
-
-
-def labels(gpus: Sequence[Mapping[str, Any]]) -> str:
-    names = [label(g) for g in gpus]
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
-def lspci(gpu: Mapping[str, Any]) -> str:
-    # NVML writes an 8-digit PCI domain ("00000000:18:00.0"); lspci -s wants the usual 4-digit one.
-    m = re.fullmatch(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])", gpu.get("bus_id") or "")
-    if not m:
-        return "`sudo lspci -vv`"
-    return f"`sudo lspci -vv -s {int(m[1], 16):04x}:{m[2]}:{m[3]}.{m[4]}`".lower()
-
-
-def ngpus(n: int) -> str:
-    return f"{n} GPU" if n == 1 else f"{n} GPUs"
-
-
-def listed(values: Sequence[int], fmt: str) -> str:
-    return "/".join(fmt.format(v) for v in sorted(set(values)))

@@ -14,17 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check
+from pytest_collectives.nodereport.judging.gpu_names import label, labels, listed, lspci, ngpus
 from pytest_collectives.nodereport.judging.gpumemory import (
     judge_ecc,
     judge_retired_pages,
     judge_row_remapping,
-)
-from pytest_collectives.nodereport.judging.nvml import (
-    label,
-    labels,
-    listed,
-    lspci,
-    ngpus,
 )
 
 # The throttle rule. NVML documents the three HW reasons as "reducing the core clocks by a factor of 2 or

@@ -35,10 +35,6 @@ class ReportError(OneLineError):
     """Bad report data; the message is one line naming the field to fix."""
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Validation: jsonschema finds the first bad field, the message names it in one line
-
-
 def validate(value: Any, schema: Mapping[str, Any]) -> None:
     """Raise ReportError naming the first field of `value` that `schema` rejects, in one line."""
     if problem := first_error(value, schema):
