@@ -15,6 +15,7 @@ assume no overflow or underflow, which ``rank_input``'s values stay far from.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -158,7 +159,7 @@ def rank_input(
     size = (shape,) if isinstance(shape, int) else tuple(shape)
     gen = torch.Generator().manual_seed(seed * _RANK_STRIDE + rank)
     if dtype == torch.bool:
-        drawn = torch.randint(0, 2, size, generator=gen).bool()
+        drawn = (_random_bytes(math.prod(size), gen) & 1).bool().view(size)
     elif dtype.is_complex:
         part = {"values": values, "op": op, "members": members}
         if values.kind != "small" and op is None:
@@ -172,14 +173,38 @@ def rank_input(
     elif values.kind != "small":
         drawn = _full(size, dtype, gen, values, op, members)
     elif dtype.is_floating_point:
-        magnitude = torch.exp2(torch.rand(size, generator=gen, dtype=_work(dtype)) * 2 - 1)
-        drawn = torch.where(torch.randint(0, 2, size, generator=gen, dtype=torch.bool), -magnitude, magnitude)
-        drawn = drawn.to(dtype)
+        # the magnitude's exponent uniform in [-1, 1) to the work dtype's mantissa, as torch.rand draws it
+        # (24 or 53 random bits), and the word's top bit for the sign, set as a bit (torch.where costs more
+        # than the whole draw at 1 Mi)
+        work = _work(dtype)
+        bits = 1 - int(math.log2(torch.finfo(work).eps))
+        words = _random_bytes(work.itemsize * math.prod(size), gen).view(_SIGNED[work.itemsize]).view(size)
+        drawn = torch.exp2((words & ((1 << bits) - 1)).to(work).mul_(2.0 ** (1 - bits)).sub_(1))
+        drawn = _signed_by(drawn, words).to(dtype)
     elif dtype.is_signed:
         drawn = _nonzero(8, size, gen, dtype)
     else:
-        drawn = torch.randint(1, 16, size, generator=gen, dtype=dtype)
+        drawn = (_random_bytes(math.prod(size), gen) % 15 + 1).view(size).to(dtype)
     return drawn.to(device)
+
+
+_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # by width in bytes
+
+
+def _signed_by(magnitude: Tensor, words: Tensor) -> Tensor:
+    """``magnitude`` (a float tensor of ``words``' width, every element positive) negated in place where its
+    word's top bit is set: the bit set, since torch.where costs more than a whole draw at 1 Mi."""
+    magnitude.view(words.dtype).bitwise_or_(words & -(1 << (8 * words.itemsize - 1)))
+    return magnitude
+
+
+def _random_bytes(count: int, gen: torch.Generator) -> Tensor:
+    """``count`` uniform random bytes (uint8). torch's CPU generator gives 64 random bits a draw of an int64
+    over its whole range for about the cost of 32 bits of an int32's (a 1 Mi-element float32 input was
+    drawn in 8 to 14 ms, most of an example's time at that size), so every input is drawn 8 bytes at a time
+    and viewed as its dtype."""
+    words = torch.randint(-(2**63), 2**63 - 1, (-(-count // 8),), generator=gen, dtype=torch.int64)
+    return words.view(torch.uint8)[:count]
 
 
 def _full(
@@ -192,16 +217,10 @@ def _full(
 ) -> Tensor:
     """``Values(full)`` or ``Values(spread)`` of a real dtype: see there."""
     if not dtype.is_floating_point:
-        bits = dtype.itemsize * 8
-        # drawn in 32 bits where they hold the dtype's: a 64-bit draw costs twice as much
-        if bits < 32 or dtype == torch.int32:
-            wide = torch.randint(-(2**31), 2**31, size, generator=gen, dtype=torch.int32)
-        else:
-            wide = torch.randint(-(2**63), 2**63 - 1, size, generator=gen, dtype=torch.int64)
-        # 0 is the sentinel: made nonzero in the drawn dtype, as torch before 2.13 has no where() of
-        # uint16/32/64
-        low = wide & ((1 << bits) - 1) if bits < wide.itemsize * 8 else wide
-        return torch.where(low == 0, wide | 1, wide).to(dtype)
+        # any bit pattern, read as the signed integer of the dtype's width, and 0 (the sentinel) made 1 there:
+        # torch before 2.13 has no where() of uint16/32/64
+        wide = _random_bytes(math.prod(size) * dtype.itemsize, gen).view(_SIGNED[dtype.itemsize]).view(size)
+        return wide.bitwise_or_((wide == 0).to(wide.dtype)).view(dtype)
     if op is None or not defined(dtype, op):
         return _any_bits(size, dtype, gen)
     info = torch.finfo(dtype)
@@ -213,37 +232,45 @@ def _full(
     if op == "product":
         # any subset of the members' exponents sums within [bottom, top]: every partial product is exact
         lo, hi = -(-bottom // members), top // members
-        exponents = torch.randint(lo, hi + 1, size, generator=gen, dtype=torch.float64)
-        return (_nonzero(1, size, gen, work) * torch.exp2(exponents).to(work)).to(dtype)
+        # 2**e built from its bits (all normal), signed by the word's top bit: exp2 of float64 costs 9 ms
+        # at 1 Mi
+        words = _random_bytes(work.itemsize * math.prod(size), gen).view(_SIGNED[work.itemsize]).view(size)
+        wide = torch.finfo(work)
+        mantissa, bias = -int(math.log2(wide.eps)), 2 - math.frexp(wide.tiny)[1]  # 23 and 127 in float32
+        exponents = (words & 0x7FFF).remainder_(hi + 1 - lo).add_(lo + bias).bitwise_left_shift_(mantissa)
+        return _signed_by(exponents.view(work), words).to(dtype)
     # members * |k| < 2**digits (2**(digits-1) under PREMUL_SUM's factor 2): any partial sum is exact
     limit = (2**digits - 1) // members // (2 if op == "premul_sum" else 1)
     step = members if op == "avg" else 1  # x / n is exact too, for a backend that scales first
     k = _nonzero(max(1, limit // step), size, gen, work) * step
     lo, hi = bottom - digits + 1, top - digits  # from the smallest subnormal to the top of the range
     if values.kind == "spread":
-        power = torch.exp2(torch.linspace(lo, hi, math.prod(size), dtype=torch.float64).round()).view(size)
-        return (k * power.to(work)).to(dtype)
+        return (k * _spread_powers(lo, hi, math.prod(size), work).view(size)).to(dtype)
     return (k * 2.0 ** round(values.scale / SCALE * (hi if values.scale > 0 else -lo))).to(dtype)
 
 
 def _any_bits(size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> Tensor:
     """Elements of any bit pattern but a NaN sentinel's (``cases.sentinel``), whose elements would pass
-    for unwritten ones; one in eight is a value random bits almost never give: +-0, +-inf, the smallest
-    subnormal, the largest finite value."""
+    for unwritten ones; one in each eight, at a random place among them, is a value random bits almost never
+    give: +-0, +-inf, the smallest subnormal, the largest finite value."""
     width, count = dtype.itemsize, math.prod(size)
-    # random bytes drawn four at a time: a draw costs the same for one byte as for four
-    words = torch.randint(-(2**31), 2**31, (-(-count * width // 4),), generator=gen, dtype=torch.int32)
-    raw = words.view(torch.uint8)[: count * width].view(count, width)
+    raw = _random_bytes(count * width, gen).view(count, width)
     real = real_dtype(dtype)
     info = torch.finfo(real)
     rare = [0.0, -0.0, math.inf, -math.inf, info.tiny * info.eps, -info.tiny * info.eps, info.max, -info.max]
     # built in float64 and converted: older torch has no fill kernel for float8 (inf becomes e4m3fn's NaN)
     specials = torch.tensor(rare, dtype=torch.float64).to(dtype).view(torch.uint8).reshape(len(rare), width)
-    pick = torch.randint(0, 8 * len(rare), (count,), generator=gen, dtype=torch.uint8)  # one in 8 is rare
-    where = pick < len(rare)
-    raw[where] = specials[pick[where].long()]
-    # compared a whole element (or 8 bytes of it) at a time
+    # an element as an integer (or 8 bytes of it), put and compared whole
     as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}.get(width, torch.int64)
+    # the rare ones put by index, one place in each block of eight: a drawn mask and its indexes cost three
+    # times as much, and no two land on one element (which of two would stay is the kernel's choice)
+    words = _random_bytes(8 * -(-count // 8), gen).view(torch.int64)
+    places = (torch.arange(0, count, 8) + (words & 7)).clamp_(max=max(count - 1, 0))
+    which = (words >> 61) & (len(rare) - 1)
+    if width <= 8:
+        raw.view(as_int).view(count)[places] = specials.view(as_int).view(len(rare))[which]
+    else:
+        raw[places] = specials[which]
     nan = torch.full((1,), float("nan")).to(dtype).view(torch.uint8).view(as_int)
     raw[:, 0] ^= (raw.view(as_int) == nan).all(1).to(torch.uint8)
     return raw.view(dtype).reshape(size)
@@ -484,5 +511,23 @@ def _work(dtype: torch.dtype) -> torch.dtype:
 
 def _nonzero(bound: int, size: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype) -> Tensor:
     """Integers of ``dtype`` uniform over +-[1, bound], in one draw."""
-    drawn = torch.randint(-bound, bound, size, generator=gen, dtype=dtype)
+    count = math.prod(size)
+    if bound <= 64 and bound & (bound - 1) == 0:  # a byte's low bits, at a fraction of a draw's cost
+        drawn = (_random_bytes(count, gen) & (2 * bound - 1)).view(size).to(dtype) - bound
+    elif dtype.is_floating_point:
+        # the magnitude a uniform fraction to the dtype's last mantissa bit, scaled to [1, bound] and
+        # floored, and the word's top bit its sign: half what torch.randint into a float dtype costs
+        bits = 1 - int(math.log2(torch.finfo(dtype).eps))
+        words = _random_bytes(dtype.itemsize * count, gen).view(_SIGNED[dtype.itemsize]).view(size)
+        drawn = (words & ((1 << bits) - 1)).to(dtype).mul_(bound / 2**bits).floor_().add_(1).clamp_(max=bound)
+        return _signed_by(drawn, words)
+    else:
+        drawn = torch.randint(-bound, bound, size, generator=gen, dtype=dtype)
     return drawn + (drawn >= 0)
+
+
+@functools.lru_cache(maxsize=4)
+def _spread_powers(lo: int, hi: int, count: int, work: torch.dtype) -> Tensor:
+    """2**e for e rounded from lo to hi along ``count`` elements: the same for every input of a size (a
+    1 Mi float64 exp2 is a few milliseconds), never written to."""
+    return torch.exp2(torch.linspace(lo, hi, count, dtype=torch.float64).round()).to(work)
