@@ -326,12 +326,12 @@ def test_fleet_page_shows_in_the_browser(tmp_path, open_in_browser):
 
     from test_fleet import SICK, SLOW_GPU, memory_fleet, node_data
 
-    from pytest_collectives.nodereport.fleet import cli as fleet
     from pytest_collectives.nodereport.fleet import stats as fleetstats
     from pytest_collectives.nodereport.fleet import write as fleetwrite
+    from pytest_collectives.nodereport.fleet.reading import report_figures
 
     nodes = [n for n in memory_fleet(random.Random(3)) if n.name != SICK]
-    sick = fleet.report_figures(node_data(random.Random(4), slow_gpu=SLOW_GPU))
+    sick = report_figures(node_data(random.Random(4), slow_gpu=SLOW_GPU))
     nodes.append(fleetstats.Node(SICK, f"{SICK}/report.json", nodes[0].topology_id, sick))
     files = fleetwrite.write_fleet(tmp_path, fleetstats.judge_fleet(nodes))
     page, log = open_in_browser(files["fleet.html"])
