@@ -3,6 +3,7 @@ failure shrunk to the one example that fails, and worker groups stopped once the
 
 from __future__ import annotations
 
+import hashlib
 import re
 import types
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ from pytest_collectives.execution.examples import (
     run_batch,
     tallied,
 )
-from pytest_collectives.execution.messages import FAILED, PASSED
+from pytest_collectives.execution.messages import FAILED, PASSED, _stable_repr, stable_seed_of
 from pytest_collectives.execution.outcome import GroupOutcome, RankReport
 
 BATCHED = """
@@ -293,3 +294,20 @@ def test_a_sweep_runs_every_listed_example_once_and_names_the_one_that_failed(
     # once in some versions, to report it
     ran = int(re.search(r"(\d+) distributed examples", out).group(1))
     assert ran and ran % 40 == 0, out[-2000:]
+
+
+def test_an_example_s_seed_reads_a_long_blob_by_its_digest() -> None:
+    """Every rank derives each example's seed from the drawn values' reprs, again for every example: the
+    repr of a 5 MiB blob (a test of object collectives draws them) took a tenth of a second. Long bytes
+    stand for their length and digest, anywhere in a list, tuple or dict; other values keep their repr,
+    so their seeds are what they were."""
+    plain = {"case": [1, "a", None, (2,), {"k": (3, 4)}], "b": b"x" * 256}
+    text = "t" + repr(sorted((k, repr(v)) for k, v in plain.items()))
+    before = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
+    assert stable_seed_of("t", plain) == before
+    blob = bytes(range(256)) * 4096
+    assert len(_stable_repr((0, {"blob": blob}))) < 100
+    seed = stable_seed_of("t", {"payload": (0, {"blob": blob})})
+    assert seed == stable_seed_of("t", {"payload": (0, {"blob": bytes(blob)})})
+    assert seed != stable_seed_of("t", {"payload": (0, {"blob": blob[:-1] + b"\1"})})
+    assert seed != stable_seed_of("t", {"payload": (1, {"blob": blob})})

@@ -110,5 +110,24 @@ def stable_seed_of(text: str, values: Mapping[str, Any] | None = None) -> int:
     """A seed from ``text`` and the reprs of ``values`` that every process derives alike (unlike hash(),
     which is salted per process)."""
     if values is not None:
-        text += repr(sorted((k, repr(v)) for k, v in values.items()))
+        text += repr(sorted((k, _stable_repr(v)) for k, v in values.items()))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
+
+
+_LONG_BYTES = 256  # shorter bytes keep their repr
+
+
+def _stable_repr(value: Any) -> str:
+    """repr(value), but long bytes stand for their length and digest, in lists, tuples and dicts too: the
+    repr of a drawn blob of 5 MiB, made again on every rank for every example, was most of what a test of
+    object collectives cost."""
+    kind = type(value)
+    if kind in (bytes, bytearray) and len(value) > _LONG_BYTES:
+        return f"<{len(value)} bytes, blake2b {hashlib.blake2b(value, digest_size=16).hexdigest()}>"
+    if kind is list:
+        return "[" + ", ".join(map(_stable_repr, value)) + "]"
+    if kind is tuple:
+        return "(" + ", ".join(map(_stable_repr, value)) + ("," if len(value) == 1 else "") + ")"
+    if kind is dict:
+        return "{" + ", ".join(f"{_stable_repr(k)}: {_stable_repr(v)}" for k, v in value.items()) + "}"
+    return repr(value)
