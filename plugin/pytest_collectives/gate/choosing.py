@@ -1,5 +1,5 @@
 """Which baseline a run is judged against: this topology's, or, only where the caller names it, another's
-(a ResolvedBaseline says which); with none, the error lists the topologies that have one.
+(a ResolvedBaseline says which); a name that finds none is an error listing the topologies that have one.
 """
 
 from __future__ import annotations

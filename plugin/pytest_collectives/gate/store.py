@@ -3,8 +3,8 @@
 A baseline holds the last few recorded runs (``--baseline-save`` adds one, KEEP_RUNS are kept), because the
 gate judges a run against the spread *between* runs, which one run cannot show. Files are meant to be
 committed and reviewed, so they are plain JSON with sorted keys, one benchmark per line, written atomically
-and never over a file of another topology or name without OVERWRITE_FLAG. What a file holds and how it is
-read back strictly is baseline_format.py's; which baseline a run is judged against, choosing.py's.
+and never over another topology's file without OVERWRITE_FLAG. What a file holds and how it is read back
+strictly is baseline_format.py's; which baseline a run is judged against, choosing.py's.
 """
 
 from __future__ import annotations
