@@ -125,6 +125,19 @@ def test_the_matrix_says_which_cells_passed_at_which_tier(pytester: pytest.Pytes
     )
 
 
+def test_a_run_of_no_sized_example_says_nothing_of_the_tiers(pytester: pytest.Pytester) -> None:
+    """A session prints only what ran: a run of object collectives alone (no tensor, no size) took the
+    run's turn, but has no tier to speak of, where it printed "of the 0 cells that passed ..."."""
+    copy_conformance(pytester.path, ("test_operations.py",))
+    result = pytester.runpytest(
+        "test_operations.py", "-k", "gather_object", "--world-sizes", "2", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*capability matrix*", "gather_object *P"])
+    result.stdout.no_fnmatch_line("*size tiers*")
+    result.stdout.no_fnmatch_line("*cells that passed*")
+
+
 def test_a_whole_runs_1_mi_cells_are_counted_not_named() -> None:
     """A whole run's 1 Mi cells (the registered algorithms' too) are some 70: the line counts them."""
     row = {"operation": "all_reduce", "dtype": "int32", "reduce_op": "sum", "status": "PASS"}
