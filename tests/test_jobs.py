@@ -83,8 +83,10 @@ def test_the_ci_gate_commands_pass_a_healthy_perf_run(checkout: pytest.Pytester)
         assert saved.ret == 0, saved.stdout.str()[-3000:]
         saved.stdout.fnmatch_lines(["*saved 6 benchmark(s) as a run of the baseline of cpu-*"])
     # This VM's speed swings by more than the 25% a baseline from one sitting allows a machine, within a
-    # minute, now and then (1.30x seen in CI): the machine-wide verdict is test_gate.py's, not this job's.
-    selection += ("--machine-tolerance", "3")
+    # minute, now and then (1.30x seen in CI), and one benchmark's by more than the spread of three runs in
+    # one minute (about 6%) lets it: a healthy run was once confirmed 1.27x slow on one (1.15x measured
+    # again). The verdicts on real noise are test_gate.py's; this job's slowdown is some 60 times.
+    selection += ("--machine-tolerance", "3", "--regression-threshold", "0.9")
     gated = run(checkout, *gate, *selection)
     gated.assert_outcomes(passed=6)
     assert gated.ret == 0, gated.stdout.str()[-3000:]
