@@ -177,8 +177,8 @@ def rank_input(
         # (24 or 53 random bits), and the word's top bit for the sign, set as a bit (torch.where costs more
         # than the whole draw at 1 Mi)
         work = _work(dtype)
-        bits = 1 - int(math.log2(torch.finfo(work).eps))
-        words = _random_bytes(work.itemsize * math.prod(size), gen).view(_SIGNED[work.itemsize]).view(size)
+        bits = _digits(work)
+        words = _random_words(size, work.itemsize, gen)
         drawn = torch.exp2((words & ((1 << bits) - 1)).to(work).mul_(2.0 ** (1 - bits)).sub_(1))
         drawn = _signed_by(drawn, words).to(dtype)
     elif dtype.is_signed:
@@ -188,7 +188,6 @@ def rank_input(
     return drawn.to(device)
 
 
-_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # by width in bytes
 
 
 def _signed_by(magnitude: Tensor, words: Tensor) -> Tensor:
@@ -196,6 +195,12 @@ def _signed_by(magnitude: Tensor, words: Tensor) -> Tensor:
     word's top bit is set: the bit set, since torch.where costs more than a whole draw at 1 Mi."""
     magnitude.view(words.dtype).bitwise_or_(words & -(1 << (8 * words.itemsize - 1)))
     return magnitude
+
+
+def _random_words(size: tuple[int, ...], width: int, gen: torch.Generator) -> Tensor:
+    """A ``size`` tensor of random signed integers ``width`` bytes wide, each of any bit pattern."""
+    signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+    return _random_bytes(width * math.prod(size), gen).view(signed).view(size)
 
 
 def _random_bytes(count: int, gen: torch.Generator) -> Tensor:
@@ -219,12 +224,12 @@ def _full(
     if not dtype.is_floating_point:
         # any bit pattern, read as the signed integer of the dtype's width, and 0 (the sentinel) made 1 there:
         # torch before 2.13 has no where() of uint16/32/64
-        wide = _random_bytes(math.prod(size) * dtype.itemsize, gen).view(_SIGNED[dtype.itemsize]).view(size)
+        wide = _random_words(size, dtype.itemsize, gen)
         return wide.bitwise_or_((wide == 0).to(wide.dtype)).view(dtype)
     if op is None or not defined(dtype, op):
         return _any_bits(size, dtype, gen)
     info = torch.finfo(dtype)
-    digits = 1 - int(math.log2(info.eps))  # mantissa bits, the implicit one included
+    digits = _digits(dtype)
     # the exponents of the largest finite value and of the smallest normal one (log2 of the largest rounds up)
     top, bottom = math.frexp(info.max)[1] - 1, math.frexp(info.tiny)[1] - 1
     # the powers of two come from float64, where exp2 of an integral value is exact, subnormals included
@@ -234,9 +239,8 @@ def _full(
         lo, hi = -(-bottom // members), top // members
         # 2**e built from its bits (all normal), signed by the word's top bit: exp2 of float64 costs 9 ms
         # at 1 Mi
-        words = _random_bytes(work.itemsize * math.prod(size), gen).view(_SIGNED[work.itemsize]).view(size)
-        wide = torch.finfo(work)
-        mantissa, bias = -int(math.log2(wide.eps)), 2 - math.frexp(wide.tiny)[1]  # 23 and 127 in float32
+        words = _random_words(size, work.itemsize, gen)
+        mantissa, bias = _digits(work) - 1, 2 - math.frexp(torch.finfo(work).tiny)[1]  # 23 and 127 in float32
         exponents = (words & 0x7FFF).remainder_(hi + 1 - lo).add_(lo + bias).bitwise_left_shift_(mantissa)
         return _signed_by(exponents.view(work), words).to(dtype)
     # members * |k| < 2**digits (2**(digits-1) under PREMUL_SUM's factor 2): any partial sum is exact
@@ -509,6 +513,11 @@ def _work(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _digits(dtype: torch.dtype) -> int:
+    """A floating dtype's mantissa bits, the implicit one included: 24 in float32."""
+    return 1 - int(math.log2(torch.finfo(dtype).eps))
+
+
 def _nonzero(bound: int, size: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype) -> Tensor:
     """Integers of ``dtype`` uniform over +-[1, bound], in one draw."""
     count = math.prod(size)
@@ -517,8 +526,8 @@ def _nonzero(bound: int, size: tuple[int, ...], gen: torch.Generator, dtype: tor
     elif dtype.is_floating_point:
         # the magnitude a uniform fraction to the dtype's last mantissa bit, scaled to [1, bound] and
         # floored, and the word's top bit its sign: half what torch.randint into a float dtype costs
-        bits = 1 - int(math.log2(torch.finfo(dtype).eps))
-        words = _random_bytes(dtype.itemsize * count, gen).view(_SIGNED[dtype.itemsize]).view(size)
+        bits = _digits(dtype)
+        words = _random_words(size, dtype.itemsize, gen)
         drawn = (words & ((1 << bits) - 1)).to(dtype).mul_(bound / 2**bits).floor_().add_(1).clamp_(max=bound)
         return _signed_by(drawn, words)
     else:
