@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from pytest_collectives.bench import timing
 from pytest_collectives.bench.stamps import Stamps, stamp
 from pytest_collectives.bench.timing import (
     ROUND_FLOOR_S,
@@ -39,9 +40,72 @@ def test_the_batch_is_sized_on_warm_rounds_not_on_a_cold_first_call():
     assert bench.result()["iterations"] == bench.iterations
 
 
+class _Clock:
+    """A clock that moves only when a call says so: the schedule's decisions, free of this machine's noise."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def perf_counter_ns(self) -> int:
+        return round(self.now * 1e9)
+
+
+def test_the_budget_is_the_whole_benchmarks_warm_up_and_calibration_included(monkeypatch):
+    """--benchmark-max-time bounds the benchmark, as pytest-benchmark's "maximum run time per test" says:
+    a warm-up that took most of it leaves few rounds. Counting the timed rounds alone made a benchmark take
+    about twice its budget."""
+    clock = _Clock()
+    monkeypatch.setattr(timing, "time", clock)
+    calls = []
+
+    def op():  # a slow warm-up (15 ms a call), then 1 ms a call
+        calls.append(None)
+        clock.now += 0.015 if len(calls) <= WARMUP_ITERATIONS else 0.001
+
+    spec = BenchSpec(enabled=True, min_rounds=3, max_time_s=0.1, min_time_s=0.004)
+    bench = RankBenchmark(spec, torch.device("cpu"))
+    bench(op)
+    assert len(bench.samples) >= spec.min_rounds
+    assert clock.now <= spec.max_time_s + bench.iterations * 0.001  # overrun by a round at most
+
+
+def test_ranks_whose_clocks_disagree_stop_after_the_same_round(pytester):
+    """Each rank stops when the slowest rank's clock says the budget is spent: a rank deciding alone would
+    leave the others waiting in the next round's barrier."""
+    pytester.makepyfile(
+        test_it=textwrap.dedent(
+            """
+            import time
+
+            import pytest
+            from pytest_collectives.bench import timing
+
+            @pytest.mark.world_size(2)
+            def test_bench(pg, benchmark):
+                class Skewed:  # rank 1's clock runs ten times as fast
+                    perf_counter_ns = staticmethod(time.perf_counter_ns)
+
+                    @staticmethod
+                    def perf_counter():
+                        return time.perf_counter() * (10 if pg.rank == 1 else 1)
+
+                timing.time = Skewed
+                try:
+                    benchmark(lambda: time.sleep(0.0005))
+                finally:
+                    timing.time = time
+            """
+        )
+    )
+    result = pytester.runpytest("--benchmark-max-time", "0.3", "--dist-timeout", "30")
+    result.assert_outcomes(passed=1)
+
+
 def test_calibration_grows_the_batch_until_a_round_is_long_enough():
-    iterations, round_s = calibrate(lambda: time.sleep(0.0002), torch.device("cpu"), 0.01)
-    assert iterations >= 10 and round_s >= 0.01
+    assert calibrate(lambda: time.sleep(0.0002), torch.device("cpu"), 0.01) >= 10
 
 
 def test_warm_up_runs_the_iterations_asked_unless_time_runs_out():

@@ -4,11 +4,13 @@ The schedule is nccl-tests': a warm-up of back-to-back iterations (``-w``), then
 batch of back-to-back iterations (``-n``), so that the barrier opening a round and the launch of the timer
 are spread over the batch instead of dominating a small message. The batch size is calibrated after the
 warm-up, on warm rounds: doubled until a round lasts ``--benchmark-min-time`` (and at least ROUND_FLOOR_S),
-then confirmed by a second round of the same size within STEADY_TOLERANCE, so the round count that fits
-``--benchmark-max-time`` never comes from a cold round. Each round starts with a barrier so no rank starts
-early, is timed with CUDA events on GPU and ``perf_counter_ns`` on CPU, and counts as long as its slowest
-rank took (a collective is as slow as its slowest member). Every decision is taken on values all-reduced
-across the ranks, so all ranks run the same schedule. The rounds go back to pytest-benchmark's own
+then confirmed by a second round of the same size within STEADY_TOLERANCE, so the round size never comes
+from a cold round. Rounds then run until the benchmark, warm-up, calibration, barriers and checks included,
+has taken ``--benchmark-max-time`` (pytest-benchmark's "maximum run time per test"; counting the timed
+rounds alone made a benchmark take twice that). Each round starts with a barrier so no rank starts early,
+is timed with CUDA events on GPU and ``perf_counter_ns`` on CPU, and counts as long as its slowest rank
+took (a collective is as slow as its slowest member). Every decision is taken on values all-reduced across
+the ranks, so all ranks run the same schedule. The rounds go back to pytest-benchmark's own
 statistics (per iteration), so its flags, table, JSON and comparisons keep working; ``latency_us`` (the
 median time of one iteration) and the bandwidths below go to ``extra_info``.
 
@@ -103,13 +105,6 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-def rounds_for(round_s: float, min_rounds: int, max_time_s: float) -> int:
-    """As many rounds as fit in max_time_s, at least min_rounds (pytest-benchmark's rule)."""
-    if round_s <= 0:
-        return MAX_ROUNDS
-    return max(min_rounds, min(MAX_ROUNDS, math.ceil(max_time_s / round_s)))
-
-
 @dataclasses.dataclass(frozen=True)
 class BenchSpec:
     """What the controller's pytest-benchmark settings say, shipped to the ranks."""
@@ -184,13 +179,11 @@ class RankBenchmark:
             call = stamps.wrap(call)
         if not self.spec.enabled:  # --benchmark-disable: run once, as a smoke test
             self.samples = []
-            result = call()
-            _agreed(checked, self.device)
-            return result
+            return measure(call, self.device, 1, 1, checked)[1]
+        start = time.perf_counter()
         warm_up(call, self.device, self.spec.warmup_iterations, self.spec.max_time_s, checked)
-        self.iterations, round_s = calibrate(call, self.device, self.spec.round_s, checked)
-        rounds = rounds_for(round_s, self.spec.min_rounds, self.spec.max_time_s)
-        times, result = measure(call, self.device, rounds, self.iterations, checked)
+        self.iterations = calibrate(call, self.device, self.spec.round_s, checked)
+        times, result = rounds_until(call, self.device, self.spec, self.iterations, start, checked)
         self.samples = [t / self.iterations for t in times]
         return result
 
@@ -215,8 +208,8 @@ def warm_up(
 
 def calibrate(
     call: Callable[[], Any], device: Any, round_s: float, checked: Check = None
-) -> tuple[int, float]:
-    """The iterations per round that make a warm round last ``round_s``, and the time of such a round.
+) -> int:
+    """The iterations per round that make a warm round last ``round_s``.
 
     The count grows until a round is long enough; it is kept once a second round of that size agrees with
     the first within STEADY_TOLERANCE (a cold cache, a first connection or a frequency ramp make the first
@@ -232,7 +225,35 @@ def calibrate(
         if previous is not None and abs(elapsed - previous) <= STEADY_TOLERANCE * previous:
             break
         previous = elapsed
-    return iterations, elapsed
+    return iterations
+
+
+def rounds_until(
+    call: Callable[[], Any],
+    device: Any,
+    spec: BenchSpec,
+    iterations: int,
+    start: float,
+    checked: Check = None,
+) -> tuple[list[float], Any]:
+    """Rounds of ``iterations`` calls until ``spec.max_time_s`` has passed since ``start`` on the slowest
+    rank, at least ``spec.min_rounds`` and at most MAX_ROUNDS.
+
+    They run in parts: first ``spec.min_rounds`` (one at least), which set the pace, then each half of what
+    the time left would hold at the pace so far. The ranks agree on the time after each part, so all of them
+    stop after the same round, and the budget is overrun by a round at most, for about log2(rounds)
+    all-reduces.
+    """
+    times: list[float] = []
+    result = None
+    began = spent = _slowest(time.perf_counter() - start, device)
+    while len(times) < MAX_ROUNDS and (spent < spec.max_time_s or len(times) < spec.min_rounds):
+        held = (spec.max_time_s - spent) / max((spent - began) / len(times), 1e-9) if times else 0
+        part = max(spec.min_rounds - len(times), math.ceil(held / 2), 1)
+        more, result = measure(call, device, min(part, MAX_ROUNDS - len(times)), iterations, checked)
+        times += more
+        spent = _slowest(time.perf_counter() - start, device)
+    return times, result
 
 
 def measure(
@@ -241,8 +262,9 @@ def measure(
     """Per-round times of ``iterations`` back-to-back calls of ``fn`` (maximum across ranks when a group is
     up) and its last result.
 
-    A barrier opens each round so no rank starts early; the maxima are taken in one all-reduce at the end,
-    outside the timed rounds. ``checked`` runs after each round, outside its timer (Stamps.check).
+    A barrier opens each round so no rank starts early. ``checked`` runs after each round, outside its timer
+    (Stamps.check); what it found on any rank ends the benchmark on every rank, agreed in the one all-reduce
+    that takes the maxima at the end (a rank that raised alone would leave the others waiting in a barrier).
     """
     import torch
     import torch.distributed as dist
@@ -250,7 +272,7 @@ def measure(
     grouped = dist.is_initialized()
     timer = _CpuTimer() if device.type == "cpu" else _DeviceTimer(device)
     times = []
-    result = None
+    result = wrong = None
     for _ in range(rounds):
         if grouped:
             dist.barrier()
@@ -259,33 +281,30 @@ def measure(
         for _ in range(iterations):
             result = fn()
         times.append(timer.stop())
-        _agreed(checked, device)
-    values = torch.tensor(times, dtype=torch.float64, device=device)
+        found = checked() if checked is not None else None
+        wrong = wrong or found
+    me = dist.get_rank() if grouped else 0
+    values = torch.tensor([*times, me + 1 if wrong is not None else 0], dtype=torch.float64, device=device)
     if grouped:
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
-    return values.cpu().tolist(), result
+    *times, flag = values.cpu().tolist()
+    if wrong is not None:
+        raise AssertionError(wrong)
+    if flag:
+        raise AssertionError(f"rank {int(flag) - 1}'s timed receives did not land (its failure says which)")
+    return times, result
 
 
-def _agreed(checked: Check, device: Any) -> None:
-    """Run ``checked`` (a round's stamps) and end the benchmark on every rank where it found anything
-    wrong on any rank: a rank that raised alone would leave the others waiting in the next barrier."""
-    if checked is None:
-        return
+def _slowest(seconds: float, device: Any) -> float:
+    """The largest of the ranks' ``seconds``: one value every rank decides on."""
     import torch
     import torch.distributed as dist
 
-    wrong = checked()
-    grouped = dist.is_initialized()
-    me = dist.get_rank() if grouped else 0
-    flag = torch.tensor([me + 1 if wrong is not None else 0], device=device)
-    if grouped:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if wrong is not None:
-        raise AssertionError(wrong)
-    if flag.item():
-        raise AssertionError(
-            f"rank {int(flag.item()) - 1}'s timed receives did not land (its failure says which)"
-        )
+    if not dist.is_initialized():
+        return seconds
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item()
 
 
 class _CpuTimer:
