@@ -63,26 +63,34 @@ def test_save_then_load_round_trip(tmp_path):
     assert baseline.fingerprint == fp
     assert baseline.topology_id == topology_id(fp)
     (run,) = baseline.runs
-    assert run.benchmarks == {name: entry.summary() for name, entry in results().items()}
+    # as written: each time to 4 significant digits
+    assert {n: s.to_json() for n, s in run.benchmarks.items()} == {
+        name: entry.summary().to_json() for name, entry in results().items()
+    }
     summary = run.benchmarks["all_reduce[1MiB]"]
-    assert summary == Summary(median=1.00e-3, q1=0.99e-3, q3=1.02e-3, rounds=5, iterations=1, min=0.98e-3)
+    assert summary == Summary(
+        median=1.00e-3, q1=0.99e-3, q3=1.02e-3, rounds=5, iterations=1, min=0.98e-3, p05=pytest.approx(0.982e-3)
+    )  # the 5th percentile, inclusive: a fifth of the way from the fastest round to the second
     assert run.benchmarks["broadcast[4KiB]"].q1 == run.benchmarks["broadcast[4KiB]"].q3 == 2e-5
 
 
-def test_the_fastest_round_is_judged_once_every_run_kept_it(tmp_path):
-    """A run recorded before the minimum was kept loads, and makes the gate judge the median until it is
-    gone: one statistic for every run, never the minimum of one run against the median of another."""
+def test_the_5th_percentile_is_judged_once_every_run_kept_it(tmp_path):
+    """Runs recorded before the 5th percentile, or the minimum, was kept load, and make the gate judge the
+    minimum, or the median, until they are gone: one statistic for every run, never the 5th percentile of
+    one run against the median of another."""
     path = saved(tmp_path)
+    saved(tmp_path)
     doc = json.loads(path.read_text())
     for summary in doc["runs"][0]["benchmarks"].values():
-        del summary["min"]
+        del summary["min"], summary["p05"]
+    for summary in doc["runs"][1]["benchmarks"].values():
+        del summary["p05"]
     write(path, json.dumps(doc))
-    old = load_baseline(path).runs[0]
-    assert old.benchmarks["all_reduce[1MiB]"].min is None
-    assert baseline_format.judged_statistic([old]) == "median"
-    path = saved(tmp_path)  # a new run, with its minimum, beside the old one
+    older, old = load_baseline(path).runs
+    assert older.benchmarks["all_reduce[1MiB]"].min is None and old.benchmarks["all_reduce[1MiB]"].p05 is None
+    path = saved(tmp_path)  # a new run, with both, beside the old ones
     runs = load_baseline(path).runs
-    assert [baseline_format.judged_statistic(runs[i:]) for i in range(2)] == ["median", "min"]
+    assert [baseline_format.judged_statistic(runs[i:]) for i in range(3)] == ["median", "min", "p05"]
 
 
 def test_a_run_records_its_boot_and_runs_of_one_boot_within_an_hour_are_one_sitting(tmp_path):
@@ -129,14 +137,14 @@ def test_file_is_sorted_json_with_one_benchmark_per_line(tmp_path):
     assert (
         lines
         == [
-            '"all_reduce[1MiB]": {"iterations": 1, "median": 0.001, "min": 0.00098, "q1": 0.00099, '
-            '"q3": 0.00102, "rounds": 5},'
+            '"all_reduce[1MiB]": {"iterations": 1, "median": 0.001, "min": 0.00098, "p05": 0.000982, '
+            '"q1": 0.00099, "q3": 0.00102, "rounds": 5},'
         ]
         * 2
     )
 
 
-def test_a_thousand_benchmarks_of_five_runs_stay_under_a_megabyte(tmp_path):
+def test_a_thousand_benchmarks_of_five_runs_stay_about_a_megabyte(tmp_path):
     rng = __import__("random").Random(0)
     many = {
         f"suites/perf/test_collectives.py::test_all_reduce[ws8-{i}-reduce_scatter_all_gather]":
@@ -145,7 +153,7 @@ def test_a_thousand_benchmarks_of_five_runs_stay_under_a_megabyte(tmp_path):
     }  # fmt: skip
     for _ in range(5):
         path, _ = save_baseline(tmp_path, cpu_fingerprint(), many)
-    assert path.stat().st_size < 1 << 20
+    assert path.stat().st_size < 1.25 * (1 << 20)  # 1.03 MiB with names of 80 characters
 
 
 def test_commit_is_recorded_inside_a_git_checkout(tmp_path):
@@ -329,6 +337,9 @@ F = "runs[0].benchmarks.all_reduce[1MiB]"
         (f"{B}/q3", 0.5e-3, f"{F}.median"),
         (f"{B}/min", 1.01e-3, f"{F}.min"),
         (f"{B}/min", 0, f"{F}.min"),
+        (f"{B}/p05", 0.97e-3, f"{F}.p05"),  # below the fastest round
+        (f"{B}/p05", 0.995e-3, f"{F}.p05"),  # above the first quartile
+        (f"{B}/p05", "fast", f"{F}.p05"),
         (f"{B}/rounds", 0, f"{F}.rounds"),
         (f"{B}/rounds", 5.0, f"{F}.rounds"),
         (f"{B}/iterations", False, f"{F}.iterations"),
@@ -374,7 +385,7 @@ def test_the_shipped_schema_accepts_committed_and_written_baselines(tmp_path):
         (f"{B}/rounds", 0, f"field '{F}.rounds' must be >= 1, got 0"),
         (f"{B}/median", -1e-3, f"field '{F}.median' must be > 0, got -0.001"),
         (f"{B}/q3", KeyError, f"field '{F}.q3' is missing"),
-        (f"{B}/mean", 1e-3, f"field '{F}.mean' is not a known field (known: min, median, q1, q3, rounds"),
+        (f"{B}/mean", 1e-3, f"field '{F}.mean' is not a known field (known: min, p05, median, q1, q3, rounds"),
         (f"{R}/commit", "HEAD", "field 'runs[0].commit' must match ^([0-9a-f]{40}|[0-9a-f]{64})$ (git"),
         (f"{R}/benchmarks", {}, "field 'runs[0].benchmarks' must not be empty"),
         ("runs", [], "field 'runs' must have at least 1 item(s)"),

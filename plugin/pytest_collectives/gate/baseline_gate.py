@@ -43,6 +43,14 @@ from pytest_collectives.topology.identity import topology_id
 from pytest_collectives.topology.links import TopologyError
 
 SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list them all
+# What the line naming the baseline says of each statistic the gate may judge (judged_statistic)
+JUDGED = {
+    "p05": "each benchmark's 5th-percentile round",
+    "min": "each benchmark's fastest round (a run of the baseline was recorded before the 5th percentile was "
+    "kept; the gate judges it once every run it keeps has it)",
+    "median": "the median round (a run of the baseline was recorded before the fastest round was kept; the "
+    "gate judges the 5th percentile once every run it keeps has it)",
+}
 
 
 def collect_results(config: pytest.Config) -> dict[str, BenchmarkEntry]:
@@ -90,7 +98,7 @@ class BaselineGate:
         self.can_remeasure = can_remeasure  # under torchrun/srun every rank would have to rerun the test
         self.lines: list[str] = []
         self.result: GateResult | None = None
-        self.statistic = "min"  # of each benchmark's rounds: set from the baseline when judged
+        self.statistic = "p05"  # of each benchmark's rounds: set from the baseline when judged
         self.failed = False
         self.outcome: list[str] = []  # what the gate decided, in a few words each: its closing verdict
         self.fingerprint: Fingerprint | None = None
@@ -268,13 +276,7 @@ class BaselineGate:
         self._check_coverage(runs, result)
         self.lines.append(
             f"compared with {base.path}: {len(base.runs)} run(s), recorded {base.runs[0].created} to "
-            f"{base.runs[-1].created}; judged on "
-            + (
-                "each benchmark's fastest round"
-                if stat == "min"
-                else "the median round (a run of the baseline was recorded before the fastest round was "
-                "kept; the gate judges the fastest once every run it keeps has it)"
-            )
+            f"{base.runs[-1].created}; judged on {JUDGED[stat]}"
         )
         result = self.result = self._measure_again(session, result, runs, now, sittings(base.runs))
         self._say_machine(result)
@@ -492,7 +494,7 @@ class BaselineGate:
             self.failed,
             topology_id=topology_id(self.fingerprint) if self.fingerprint else None,
             baseline=str(self.baseline_path) if self.baseline_path else None,
-            statistic=self.statistic,  # what the *_median_s figures hold: the fastest round, or the median
+            statistic=self.statistic,  # what the *_median_s figures hold: the judged statistic of the rounds
         )
         try:
             out = Path(directory)
