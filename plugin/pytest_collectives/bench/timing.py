@@ -206,9 +206,7 @@ def warm_up(
         done, spent, batch = done + step, spent + elapsed, 2 * batch
 
 
-def calibrate(
-    call: Callable[[], Any], device: Any, round_s: float, checked: Check = None
-) -> int:
+def calibrate(call: Callable[[], Any], device: Any, round_s: float, checked: Check = None) -> int:
     """The iterations per round that make a warm round last ``round_s``.
 
     The count grows until a round is long enough; it is kept once a second round of that size agrees with
