@@ -47,7 +47,7 @@ SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list t
 JUDGED = {
     "p05": "each benchmark's 5th-percentile round",
     "min": "each benchmark's fastest round (a run of the baseline was recorded before the 5th percentile was "
-    "kept; the gate judges it once every run it keeps has it)",
+    "kept; the gate judges the 5th percentile once every run it keeps has it)",
     "median": "the median round (a run of the baseline was recorded before the fastest round was kept; the "
     "gate judges the 5th percentile once every run it keeps has it)",
 }
