@@ -104,8 +104,15 @@ def test_ranks_whose_clocks_disagree_stop_after_the_same_round(pytester):
     result.assert_outcomes(passed=1)
 
 
-def test_calibration_grows_the_batch_until_a_round_is_long_enough():
+def test_calibration_grows_the_batch_until_a_round_is_long_enough(monkeypatch):
     assert calibrate(lambda: time.sleep(0.0002), torch.device("cpu"), 0.01) >= 10
+    clock = _Clock()
+    monkeypatch.setattr(timing, "time", clock)
+
+    def op():  # 0.2 ms a call, on a clock of its own
+        clock.now += 0.0002
+
+    assert calibrate(op, torch.device("cpu"), 0.01) * 0.0002 >= 0.01  # a round of the batch lasts 10 ms
 
 
 def test_warm_up_runs_the_iterations_asked_unless_time_runs_out():

@@ -188,8 +188,6 @@ def rank_input(
     return drawn.to(device)
 
 
-
-
 def _signed_by(magnitude: Tensor, words: Tensor) -> Tensor:
     """``magnitude`` (a float tensor of ``words``' width, every element positive) negated in place where its
     word's top bit is set: the bit set, since torch.where costs more than a whole draw at 1 Mi."""
