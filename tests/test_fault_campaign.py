@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import process_state
+from helpers import is_running
 
 from pytest_collectives.execution.launchers.warm_groups import FAILURE_GRACE_S, STACK_WAIT_S
 from pytest_collectives.execution.ranks.faults import FAULT_ENV
@@ -275,17 +275,10 @@ def leftovers(pids: list[int], mark: str, grace_s: float = 10.0) -> list[int]:
     the forkserver's exit takes a moment to reach the ranks (PDEATHSIG)."""
     deadline = time.monotonic() + grace_s
     while True:
-        alive = sorted({p for p in pids if _running(p)} | set(_marked(mark)))
+        alive = sorted({p for p in pids if is_running(p)} | set(_marked(mark)))
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.2)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return process_state(pid)[0] != "Z"
-    except OSError:
-        return False
 
 
 def _marked(mark: str) -> list[int]:
@@ -296,7 +289,7 @@ def _marked(mark: str) -> list[int]:
                 environ = Path(entry.path, "environ").read_bytes()
             except OSError:
                 continue
-            if mark.encode() in environ.split(b"\0") and _running(int(entry.name)):
+            if mark.encode() in environ.split(b"\0") and is_running(int(entry.name)):
                 found.append(int(entry.name))
     return found
 

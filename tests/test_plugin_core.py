@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import process_state
+from helpers import is_running, process_state
 
 from pytest_collectives.execution.outcome import hang_culprit
 
@@ -605,7 +605,7 @@ def _alive(pids: Iterable[int], timeout_s: float = 20.0) -> list[int]:
     pids = list(pids)
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = [pid for pid in pids if _exists(pid)]
+        alive = [pid for pid in pids if is_running(pid)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.1)
@@ -625,15 +625,6 @@ def _described(pids: Iterable[int]) -> str:
             continue
         lines.append(f"{pid} (state {state}, parent {ppid}): {command[:300]}")
     return "\n".join(lines)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is already dead: only its parent has not read its status yet
-    return process_state(pid)[0] != "Z"
 
 
 def test_a_tmpdir_too_long_for_the_forkserver_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -31,6 +31,15 @@ def process_state(pid: int) -> tuple[str, int]:
     return state, int(parent)
 
 
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` lives: a zombie is already dead, only its parent has not read its status yet. A
+    process reaped between two looks is gone, not an error."""
+    try:
+        return process_state(pid)[0] != "Z"
+    except OSError:
+        return False
+
+
 def cpu_fingerprint(**changes: object) -> Fingerprint:
     """The CI machine's fingerprint (gloo on a 2-core EPYC), with ``changes``."""
     fp = Fingerprint(
