@@ -13,8 +13,10 @@ from docblocks import block_of, unshown
 from helpers import PLANTED_FILES, SUPPORT, copy_conformance, run_on_backend, torch_below
 
 from pytest_collectives.algorithms.reference import defined
+from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import known_bugs
 from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS, Capabilities, dtype_name, refusal
+from pytest_collectives.conformance.cases import supported_cells
 from pytest_collectives.conformance.known_bugs import KnownBug
 from pytest_collectives.conformance.matrix import CapabilityMatrix
 
@@ -800,3 +802,21 @@ def test_a_backend_wrong_on_large_objects_fails_the_object_collectives(pytester:
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*UnpicklingError*"])
+
+
+def test_each_probe_keeps_its_own_answers_and_a_withheld_cell_is_never_drawn() -> None:
+    """supported_cells answers once per probe (it is asked at every draw): a probe with a known bug withheld
+    is another probe with answers of its own, and a caller changing the list it got changes no later one."""
+    cells = {("all_reduce", "float32", "sum"): "", ("all_reduce", "int32", "sum"): ""}
+    probed = Capabilities("fake", "cpu", 2, cells)
+    both = {(torch.float32, "sum"), (torch.int32, "sum")}
+    try:
+        caps.use(probed)
+        first = supported_cells(["all_reduce"], DTYPES, ("sum",))
+        assert set(first) == both
+        first.clear()
+        assert set(supported_cells(["all_reduce"], DTYPES, ("sum",))) == both
+        caps.use(probed.withholding({("all_reduce", "int32", "*"): "a known bug"}))
+        assert supported_cells(["all_reduce"], DTYPES, ("sum",)) == [(torch.float32, "sum")]
+    finally:
+        caps.use(None)

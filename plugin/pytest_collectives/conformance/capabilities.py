@@ -287,6 +287,11 @@ class Capabilities:
     withheld: dict[Cell, str] = dataclasses.field(default_factory=dict)
     # what all_reduce makes of NaN and +-inf (exceptional_semantics)
     semantics: dict[Semantic, str] = dataclasses.field(default_factory=dict)
+    # cases.supported_cells' answers, asked at every draw of every example: (operations, dtypes, ops) ->
+    # cells. Answered afresh each time, they were a fifth of pytest's own time in a profile of the suites.
+    answered: dict[Any, list[Any]] = dataclasses.field(
+        init=False, default_factory=dict, compare=False, repr=False
+    )
 
     def supports(self, operation: str, dtype: torch.dtype | str = NO_OP, op: str = NO_OP) -> bool:
         name = dtype if isinstance(dtype, str) else dtype_name(dtype)

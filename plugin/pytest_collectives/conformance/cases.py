@@ -10,6 +10,7 @@ N/A, never drawn and never a pass.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -87,15 +88,20 @@ def supported_cells(
     """(dtype, op) pairs with an exact reference where every one of ``operations`` is supported here; the
     op is NO_OP where none of them reduces (a reduce op drawn for a broadcast is no cell)."""
     found = caps.active()
-    if not any(reduces(name) for name in operations):
-        ops = (NO_OP,)
-    return [
-        (dtype, op)
-        for dtype in dtypes
-        for op in ops
-        if (op == NO_OP or defined(dtype, op))
-        and found.supports_all(c for name in operations for c in backend_calls(name, dtype_name(dtype), op))
-    ]
+    key = (tuple(operations), tuple(dtypes), tuple(ops))
+    if key not in found.answered:
+        if not any(reduces(name) for name in operations):
+            ops = (NO_OP,)
+        found.answered[key] = [
+            (dtype, op)
+            for dtype in dtypes
+            for op in ops
+            if (op == NO_OP or defined(dtype, op))
+            and found.supports_all(
+                c for name in operations for c in backend_calls(name, dtype_name(dtype), op)
+            )
+        ]
+    return list(found.answered[key])
 
 
 def applicable(operations: Sequence[str], together: bool = False) -> bool:
@@ -174,20 +180,27 @@ def cases(
         available = [name for name in operations if supported_cells([name], dtypes, ops)]
         if not available:
             assume(False)  # not reached: the conftest skips a test none of whose operations is supported
-        chosen = (draw(st.sampled_from(available)),)
+        chosen = (draw(sampled(tuple(available))),)
     cells = supported_cells(chosen, dtypes, ops)
     assume(cells)
-    dtype, op = draw(st.sampled_from(cells))
+    dtype, op = draw(sampled(tuple(cells)))
     return Case(
         operations=chosen,
         dtype=dtype,
         op=op,
         size=draw(sizes),
-        layout=draw(st.sampled_from(layouts)),
+        layout=draw(sampled(tuple(layouts))),
         members=draw(members),
         root=draw(st.integers(0, MAX_RANKS - 1)),
         values=draw(VALUES),
     )
+
+
+@functools.cache
+def sampled(choices: tuple[object, ...]) -> st.SearchStrategy[object]:
+    """``st.sampled_from(choices)``, one strategy per tuple: a strategy made afresh in every draw is
+    validated afresh, which cost pytest's process more than the draw."""
+    return st.sampled_from(choices)
 
 
 SWEEP_SIZE = 97  # a prime: no world size divides it

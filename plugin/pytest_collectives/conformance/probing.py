@@ -109,6 +109,7 @@ def _with_training_rows(request: pytest.FixtureRequest, found: Capabilities) -> 
     if (found.world_size, configuration.env) not in done:
         answers = run_on_ranks(request.config, found.world_size, stacks.probe_rows)
         found.cells.update(answers[0])
+        found.answered.clear()  # answers given before these rows were there
         done.add((found.world_size, configuration.env))
         if (matrix := request.config.stash.get(MATRIX, None)) is not None:
             matrix.add_probe(found, configuration.id)
