@@ -4,6 +4,7 @@ what small ones cannot, and the floats called exactly reducible are, in any orde
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 
 import pytest
@@ -16,11 +17,14 @@ from pytest_collectives.algorithms.reference import (
     SCALE,
     Values,
     assert_reduced_close,
+    defined,
     error_bound,
+    exact_reduction,
     rank_input,
     real_dtype,
     reduce_reference,
 )
+from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS
 from pytest_collectives.conformance.cases import assert_moved, sentinel
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -64,6 +68,21 @@ def test_exactly_reducible_floats_reduce_exactly_in_any_order(
     if values.exact(dtype, op, members):
         assert torch.equal(result, reduce_reference(inputs, op).to(dtype))
     assert_reduced_close(result, inputs, op, values)  # the bound where exactness is not claimed
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.bool], ids=str)
+def test_an_exact_result_folded_in_its_own_dtype_is_the_widened_reference_bit_for_bit(dtype):
+    """assert_reduced_close folds an exact reduction in the inputs' dtype (no widened copy): two's
+    complement wraps alike in any width, and exactly reducible floats have nothing to round."""
+    values = (Values("full", 0), Values("full", SCALE), Values("full", -SCALE), Values("spread"))
+    checked = 0
+    for op, drawn, n in itertools.product(REDUCE_OPS, values, (2, 3, 4, 8)):
+        if defined(dtype, op) and drawn.exact(dtype, op, n):
+            inputs = [rank_input(5, r, 257, dtype, values=drawn, op=op, members=n) for r in range(n)]
+            folded, widened = exact_reduction(inputs, op), reduce_reference(inputs, op).to(dtype)
+            assert torch.equal(folded.view(torch.uint8), widened.view(torch.uint8)), (op, drawn, n)
+            checked += 1
+    assert checked or not any(defined(dtype, op) for op in REDUCE_OPS)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
