@@ -361,12 +361,14 @@ def turn_to_int32_sum(pytester: pytest.Pytester, backend: str) -> int:
 @python_backends
 @pytest.mark.slow
 def test_a_cell_wrong_only_at_1_mi_is_caught_where_the_seed_turns_the_tier_to_it(pytester) -> None:
-    """int32 all_reduce SUM wrong from 512 Ki elements on: the run whose --hypothesis-seed turns the 1 Mi
-    tier to that cell at 2 ranks fails, naming it (the tier once stood at the first cell in every run)."""
+    """int32 all_reduce SUM wrong from 512 Ki elements on: where the 1 Mi tier turns (no budget), the run
+    whose --hypothesis-seed turns it to that cell at 2 ranks fails, naming it (the tier once stood at the
+    first cell in every run)."""
     backend = "mutant_large_int32_sum_unreduced"
     seed = turn_to_int32_sum(pytester, backend) - 2  # the turn is the seed plus the world size
     result = run_on_backend(
         pytester, backend, *EVERY_ALL_REDUCE, "--world-sizes", "2", f"--hypothesis-seed={seed}",
+        "--tier-budget", "0",
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
@@ -376,6 +378,25 @@ def test_a_cell_wrong_only_at_1_mi_is_caught_where_the_seed_turns_the_tier_to_it
             f"*turned at {seed}, *",
         ]
     )
+
+
+@python_backends
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_cell_wrong_only_at_1_mi_is_caught_at_every_seed_where_the_budget_holds_every_cell(
+    pytester, seed: int
+) -> None:
+    """int32 all_reduce SUM wrong from 512 Ki elements on: where the budget holds every cell at 1 Mi (at 2
+    ranks of the 2-core machine the default does; a budget without end holds them anywhere), every seed's
+    run fails, naming it."""
+    result = run_on_backend(
+        pytester, "mutant_large_int32_sum_unreduced", *EVERY_ALL_REDUCE, "--world-sizes", "2",
+        f"--hypothesis-seed={seed}", "--tier-budget", "inf",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["the failing example: case=Case(operations=('all_reduce',), dtype=torch.int32, op='sum', "
+         "size=1048576*", "*every cell at 2 ranks: a 1 Mi example * ms at 2, * cells in inf s*"]
+    )  # fmt: skip
 
 
 @python_backends

@@ -5,6 +5,7 @@ every run, and one run's world sizes each draw another."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -31,12 +32,20 @@ CELLS = {
 
 
 @contextlib.contextmanager
-def running(seed: int, world_size: int, cells: dict = CELLS, **params: object) -> Iterator[None]:
-    """As while a test at ``world_size`` of a run at SIZES with ``--hypothesis-seed=seed`` draws, on a
-    backend probed to support ``cells``."""
-    caps.use(Capabilities("fake", "cpu", world_size, dict(cells)))
+def running(
+    seed: int,
+    world_size: int,
+    cells: dict = CELLS,
+    sizes: tuple[int, ...] = SIZES,
+    whole: bool = False,
+    **params: object,
+) -> Iterator[None]:
+    """As while a test at ``world_size`` of a run at ``sizes`` with ``--hypothesis-seed=seed`` draws, on a
+    backend probed to support ``cells`` (``whole``: and found to fit every cell at 1 Mi in the budget)."""
+    probed = Capabilities("fake", "cpu", world_size, dict(cells))
+    caps.use(dataclasses.replace(probed, large_example_s=0.01 if whole else 1.0, whole_large_tier=whole))
     rotation.use(seed)
-    tokens = suite_api.PARAMS.set({"world_size": world_size, **params}), suite_api.SIZES.set(SIZES)
+    tokens = suite_api.PARAMS.set({"world_size": world_size, **params}), suite_api.SIZES.set(sizes)
     try:
         yield
     finally:
@@ -45,8 +54,10 @@ def running(seed: int, world_size: int, cells: dict = CELLS, **params: object) -
         caps.use(None)
 
 
-def tier(seed: int, world_size: int, size: int, cells: dict = CELLS) -> set[tuple[str, str, str, int]]:
-    with running(seed, world_size, cells):
+def tier(
+    seed: int, world_size: int, size: int, cells: dict = CELLS, **run: object
+) -> set[tuple[str, str, str, int]]:
+    with running(seed, world_size, cells, **run):
         cases = _every_cell("all_reduce", rotation.turn())
     return {(*case.cells()[0], case.values.scale) for case in cases if case.size == size}
 
@@ -101,10 +112,11 @@ def test_the_matrix_says_which_cells_passed_at_which_tier(pytester: pytest.Pytes
     copy_conformance(pytester.path, ("test_every_cell.py",))
     result = pytester.runpytest(
         "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring", "--world-sizes", "2",
-        "--hypothesis-seed=5", "--capability-json", "m.json", "-p", "no:cacheprovider",
+        "--hypothesis-seed=5", "--capability-json", "m.json", "--tier-budget", "0", "-p", "no:cacheprovider",
     )  # fmt: skip
     result.assert_outcomes(passed=1)
     doc = json.loads((pytester.path / "m.json").read_text())
+    assert "size_tiers" not in doc  # nothing timed where no budget could hold a cell
     rows = [r for r in doc["cells"] if r["status"] == "PASS"]
     at_1mi = [(r["operation"], r["dtype"], r["reduce_op"]) for r in rows if r.get("largest", 0) >= TIERS[1]]
     probed = {
@@ -123,6 +135,46 @@ def test_the_matrix_says_which_cells_passed_at_which_tier(pytester: pytest.Pytes
             "elements only"
         ]
     )
+
+
+def test_where_the_budget_holds_them_every_cell_runs_at_1_mi(pytester: pytest.Pytester) -> None:
+    """A budget that holds every cell at 1 Mi, as measured on the live group, runs them all there; the
+    summary and the JSON say so, with what a 1 Mi example cost."""
+    copy_conformance(pytester.path, ("test_every_cell.py",))
+    result = pytester.runpytest(
+        "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring", "--world-sizes", "2",
+        "--hypothesis-seed=5", "--capability-json", "m.json", "--tier-budget", "inf",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    doc = json.loads((pytester.path / "m.json").read_text())
+    rows = [r for r in doc["cells"] if r["status"] == "PASS"]
+    assert rows and all(r["largest"] >= TIERS[1] for r in rows)
+    (timed,) = doc["size_tiers"]["world_sizes"]
+    assert timed["world_size"] == 2 and timed["every_cell_at_1mi"] and timed["large_example_ms"] > 0
+    assert timed["cells"] >= len(rows)  # all_reduce's supported cells, those known bugs hold among them
+    result.stdout.fnmatch_lines(
+        [
+            "the sweeps' size tiers at 2 ranks: every cell at 64 Ki; at 1 Mi every cell where the budget "
+            "holds them, else one (every cell at 2 ranks: a 1 Mi example * ms at 2, * cells in inf s); *",
+            f"of the {len(rows)} cells that passed, at 1 Mi elements: {len(rows)} cells *",
+        ]
+    )
+
+
+def test_the_budget_puts_the_tiers_at_any_world_size_every_cell_from_the_turn() -> None:
+    """At 5 ranks of a run at 2 to 8 the tiers run only where the budget holds every cell: then every cell
+    at 64 Ki and at 1 Mi, the first at 1 Mi the cell the seed turns to, each at a scale of its own."""
+    sizes = (2, 5, 8)
+    assert tier(4, 5, TIERS[0], sizes=sizes) == tier(4, 5, TIERS[1], sizes=sizes) == set()
+    every = {cell[:3] for cell in tier(4, 5, TIERS[0], sizes=sizes, whole=True)}
+    assert len(every) > 30
+    with running(4, 5, sizes=sizes, whole=True):
+        large = [case for case in _every_cell("all_reduce", rotation.turn()) if case.size == TIERS[1]]
+    assert {case.cells()[0] for case in large} == every
+    with running(4, 5, sizes=(2, 5)):  # the largest, where no budget holds them: the cell the seed turns to
+        (turned,) = [case for case in _every_cell("all_reduce", rotation.turn()) if case.size == TIERS[1]]
+    assert large[0].cells() == turned.cells() and len({case.values.scale for case in large}) > 1
 
 
 def test_a_run_of_no_sized_example_says_nothing_of_the_tiers(pytester: pytest.Pytester) -> None:

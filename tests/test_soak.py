@@ -55,6 +55,10 @@ def test_the_times_and_the_replay_command_read_plainly() -> None:
         "pytest", "t.py::test_x[ws2-ACME_PROTO=LL128]", "--hypothesis-seed=7", "--backend-module",
         "acme_backend", "--backend", "acme", "--world-sizes", "2,3,4", "--backend-env", "ACME_PROTO=LL128",
     ]  # fmt: skip
+    # where the session timed the size tiers, the replay runs them as the session did (every cell, or one)
+    whole = ["--tier-budget", "inf"]
+    pinned = replay("t.py::test_x[ws2]", 7, settings, configurations.Configuration(), 2, whole)
+    assert shlex.split(pinned)[-2:] == whole
 
 
 def test_a_benchmark_that_got_worse_over_the_passes_is_a_warning() -> None:

@@ -113,7 +113,9 @@ def test_two_workers_give_the_capability_matrix_and_counts_of_a_plain_run(tmp_pa
     """The workers' probes, tallies and example counts reach the controller (xdist's workeroutput): the
     matrix, its JSON and the closing line are the serial run's. The sweep lists the same cases every run."""
     copy_conformance(tmp_path, ("test_every_cell.py",))
-    args = ["test_every_cell.py", "-k", "broadcast", "--world-sizes", "2,3", "-p", "no:cacheprovider"]
+    # the tier one budget leaves everywhere: each worker times its own groups, busier than the serial run's
+    args = ["test_every_cell.py", "-k", "broadcast", "--world-sizes", "2,3", "--tier-budget", "0"]
+    args += ["-p", "no:cacheprovider"]
     serial = subprocess.run(
         [sys.executable, "-m", "pytest", *args, "--capability-json", "serial.json"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,

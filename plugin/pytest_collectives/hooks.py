@@ -101,6 +101,7 @@ def _configure(config: pytest.Config) -> None:
     soak_s = options.soak_seconds(values["soak"], spmd_mode=env is not None, under_xdist=under_xdist)
     gate_read, report_dir = gate_settings.read(config), report_settings.read(config)
     conformance = conformance_settings.read(config)
+    config.stash[conformance_settings.SETTINGS] = conformance
     # under xdist the workers start their own; a collection alone starts no group
     if env is None and not under_xdist and not config.option.collectonly:
         _expect_groups(config)
@@ -146,7 +147,7 @@ def _configure(config: pytest.Config) -> None:
     soaking = None
     if soak_s:  # a drift beyond the gate's tolerance over the passes is a WARN
         drift = baseline_gate.settings.tolerance or baseline_gate.settings.min_effect
-        soaking = soak.Soak(soak_s, session, drift)
+        soaking = soak.Soak(soak_s, session, drift, probing.pinned)
         config.pluginmanager.register(soaking, "collectives-soak")
     if isinstance(launcher, spmd.SpmdLauncher):
         launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank

@@ -23,6 +23,7 @@ from pytest_collectives.algorithms.reference import SCALE, SMALL, UNWRITTEN_BOOL
 from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
+from pytest_collectives.conformance.tiers import TIERS
 from pytest_collectives.execution import shared_inputs
 from pytest_collectives.execution.suite_api import item_parameter, item_world_sizes
 
@@ -204,7 +205,6 @@ def sampled(choices: tuple[object, ...]) -> st.SearchStrategy[object]:
 
 
 SWEEP_SIZE = 97  # a prime: no world size divides it
-TIERS = (1 << 16, 1 << 20)
 
 
 def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
@@ -212,14 +212,15 @@ def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
     found supported, as one sweep (``examples.sweep``): each (dtype, reduce op) at SWEEP_SIZE elements
     across the dtype's whole range (``Values("spread")``: from its subnormals to the top, exact, in one
     call: a gloo call at 8 ranks on 2 cores costs 13 to 21 ms, the sweep's cost); each cell again at 64 Ki
-    elements, at a scale turning with the run; one cell at 1 Mi (these two where ``tiers_at`` says). Over
-    the whole world, each cell with its own root. What rotates turns with the run (``rotation.turn``):
-    another each run and at each world size, the same for a seed (``--hypothesis-seed``).
+    elements, at a scale turning with the run (where ``tiers_at`` says); and at 1 Mi, every cell where the
+    probe found them to fit the time budget (``tiers``), else one (where ``tiers_at`` says). Over the whole
+    world, each cell with its own root. What rotates turns with the run (``rotation.turn``): another each
+    run and at each world size, the same for a seed (``--hypothesis-seed``).
 
-    Why every cell at 64 Ki and one at 1 Mi: on a small machine the 64 Ki examples of every cell cost a
+    Why every cell at 64 Ki and, on a small machine, one at 1 Mi: the 64 Ki examples of every cell cost a
     sweep little more than one dtype's did, while a 1 Mi example, mostly drawing and checking its inputs,
-    costs five times its call, and every cell at 1 Mi would cost the run several times its sweeps
-    (docs/measurements/conformance-suite.md)."""
+    costs several times its call, and where ranks share cores every cell at 1 Mi would cost the run several
+    times its sweeps (docs/measurements/conformance-suite.md)."""
     return st.builds(rotation.turn).map(lambda turn: _every_cell(operation, turn))
 
 
@@ -231,13 +232,15 @@ def _every_cell(operation: str | None, turn: int) -> list[Case]:
         return Case((name,), dtype, op, size, "contiguous", None, i % MAX_RANKS, values)
 
     sweep = [case(i, *cell, SWEEP_SIZE, Values("spread")) for i, cell in enumerate(cells)]
-    if not tiers_at(item_parameter("world_size"), item_world_sizes()):
+    whole = caps.active().whole_large_tier
+    if not (whole or tiers_at(item_parameter("world_size"), item_world_sizes())):
         return sweep
     for i, cell in enumerate(cells):  # each at a scale of its own, turning with the run
         scale = (turn + i) % (2 * SCALE + 1) - SCALE
         sweep.append(case(turn + i, *cell, TIERS[0], Values("full", scale)))
-    if cells:
-        sweep.append(case(turn, *cells[turn % len(cells)], TIERS[1], Values("full", turn % SCALE)))
+    for i in range(len(cells) if whole else min(1, len(cells))):  # from the cell the run turns to
+        cell = cells[(turn + i) % len(cells)]
+        sweep.append(case(turn + i, *cell, TIERS[1], Values("full", (turn + i) % SCALE)))
     return sweep
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,6 +181,16 @@ class CapabilityMatrix:
             "world_sizes": sorted({n for _, n in self.probes}),
             "cells": rows,
         }
+        timed = {n: caps for (_, n), caps in sorted(self.probes.items()) if caps.large_example_s is not None}
+        if timed:  # what a 1 Mi example cost at each world size, and whether every cell ran at 1 Mi there
+            doc["size_tiers"] = {
+                "budget_s": self.settings.tier_budget_s,
+                "world_sizes": [
+                    {"world_size": n, "large_example_ms": round(caps.large_example_s * 1e3, 1),
+                     "cells": caps.large_cells, "every_cell_at_1mi": caps.whole_large_tier}
+                    for n, caps in timed.items()
+                ],
+            }  # fmt: skip
         if self.configurations() != [""]:  # --backend-env: each configuration's cells, and what differs
             each = {c: self.rows(c) for c in self.configurations() if c not in self.rejected}
             doc["configurations"] = [
@@ -340,7 +351,7 @@ class CapabilityMatrix:
         # the tiers' lines where a tensor cell was tried (not an object collective's, nor a barrier's)
         tried = any(r["dtype"] != "-" and r["status"] in (PASS, FAIL, KNOWN) for r in doc["cells"])
         if turn is not None and tried:
-            terminalreporter.write_line(rotation_line(turn, doc["world_sizes"]))
+            terminalreporter.write_line(rotation_line(turn, doc["world_sizes"], doc.get("size_tiers")))
             terminalreporter.write_line(tiers_line(doc["cells"]))
         for stack, verdict in doc.get("training", {}).items():
             terminalreporter.write_line(f"{stack}: {verdict}", red=verdict.startswith(FAIL))
@@ -538,19 +549,36 @@ def tier_of(largest: int) -> str:
     return "1M" if largest >= TIERS[1] else "64K" if largest >= TIERS[0] else ""
 
 
-def rotation_line(turn: int, world_sizes: list[int]) -> str:
-    """Where the size tiers ran and what of them rotated: every cell at 64 Ki, one a sweep at 1 Mi."""
+def rotation_line(turn: int, world_sizes: list[int], size_tiers: dict[str, Any] | None = None) -> str:
+    """Where the size tiers ran and what of them rotated: every cell at 64 Ki; at 1 Mi every cell where
+    the budget held them (``size_tiers``, the document's), else one a sweep."""
     from pytest_collectives.conformance.cases import tiers_at
 
-    tiered = [n for n in world_sizes if tiers_at(n, world_sizes)]
+    timed = {t["world_size"]: t for t in (size_tiers or {}).get("world_sizes", [])}
+    whole = [n for n in world_sizes if timed.get(n, {}).get("every_cell_at_1mi")]
+    tiered = [n for n in world_sizes if n in whole or tiers_at(n, world_sizes)]
     untiered = [n for n in world_sizes if n not in tiered]
+    turning = [n for n in tiered if n not in whole]
+    where = "; ".join(
+        [*([f"every cell at {_listed(whole)} ranks"] if whole else []),
+         *([f"one a sweep at {_listed(turning)}"] if turning else [])]
+    )  # fmt: skip
+    if timed:
+        costs = ", ".join(f"{t['large_example_ms']:g}" for t in timed.values())
+        cells = "/".join(map(str, sorted({t["cells"] for t in timed.values()})))
+        budget = size_tiers["budget_s"]
+        where += f": a 1 Mi example {costs} ms at {_listed(timed)}, {cells} cells in {budget:g} s"
     return (
-        f"the sweeps' size tiers at {','.join(map(str, tiered))} ranks: every cell at 64 Ki, one cell a "
-        "sweep at 1 Mi"
-        + (f" (97 elements only at {','.join(map(str, untiered))}); " if untiered else "; ")
+        f"the sweeps' size tiers at {_listed(tiered)} ranks: every cell at 64 Ki; at 1 Mi every cell where "
+        f"the budget holds them, else one ({where})"
+        + (f" (97 elements only at {_listed(untiered)}); " if untiered else "; ")
         + f"the 1 Mi cells and the layouts' dtypes turned at {turn}, each world size a turn further; "
         f"--hypothesis-seed={turn} turns them there again"
     )
+
+
+def _listed(world_sizes: Iterable[int]) -> str:
+    return ",".join(map(str, world_sizes))
 
 
 NAMED_AT_MOST = 8  # 1 Mi cells named in the summary; a whole run's are some 70 (the registered algorithms')

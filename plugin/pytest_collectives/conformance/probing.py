@@ -66,6 +66,58 @@ def probed(config: pytest.Config, world_size: int) -> Capabilities:
     return found[key]
 
 
+def sized(config: pytest.Config, found: Capabilities) -> Capabilities:
+    """The probe ``found`` with what a 1 Mi example costs on its live group (tiers.large_example_s, the
+    slowest rank's), and whether a sweep's every cell at 1 Mi fits the budget: all_reduce's, the most cells
+    any sweep has. Timed once per probe, before the first sweep (``@sweep``) that draws from it; kept in
+    the probe's place, where the matrix and a soak's replays read it."""
+    from pytest_collectives.execution.suite_api import SESSION
+
+    configuration = config.stash[SESSION].configuration
+    key = (found.world_size, configuration.env)
+    probes = config.stash.setdefault(_PROBED, {})
+    if probes.get(key) is found and not found.timed:
+        probes[key] = _timed(config, found)
+        if (matrix := config.stash.get(MATRIX, None)) is not None:
+            matrix.add_probe(probes[key], configuration.id)
+    return probes.get(key, found)
+
+
+def _timed(config: pytest.Config, found: Capabilities) -> Capabilities:
+    from pytest_collectives.algorithms.reference import defined
+    from pytest_collectives.conformance import tiers
+    from pytest_collectives.conformance.capabilities import DTYPES, dtype_name
+    from pytest_collectives.conformance.settings import SETTINGS, ConformanceSettings
+    from pytest_collectives.execution.suite_api import run_on_ranks
+
+    budget = config.stash.get(SETTINGS, ConformanceSettings()).tier_budget_s
+    sample = [cell for cell in tiers.SAMPLE if found.supports("all_reduce", *cell)]
+    if not budget or not sample:
+        return dataclasses.replace(found, timed=True)
+    dtypes = {dtype_name(dtype): dtype for dtype in DTYPES}
+    most = sum(
+        name == "all_reduce" and found.supports(name, dtype, op) and defined(dtypes[dtype], op)
+        for name, dtype, op in found.cells
+    )
+    (took, *_) = run_on_ranks(
+        config, found.world_size, tiers.large_example_s, cells=sample, size=tiers.TIERS[1], most=most,
+        budget_s=budget,
+    )  # fmt: skip
+    whole = tiers.every_cell_fits(most, took, budget)
+    return dataclasses.replace(
+        found, timed=True, large_example_s=took, large_cells=most, whole_large_tier=whole
+    )
+
+
+def pinned(config: pytest.Config, world_size: int | None, env: Any) -> list[str]:
+    """What a replay at ``world_size`` (in the configuration of ``env``) must say to run the 1 Mi tier as
+    this session did, every cell or the one the seed turns to, whatever it would measure."""
+    caps = config.stash.get(_PROBED, {}).get((world_size, env))
+    if caps is None or caps.large_example_s is None:
+        return []
+    return ["--tier-budget", "inf" if caps.whole_large_tier else "0"]
+
+
 def _agreed_semantics(per_rank: list[dict[Any, str]]) -> dict[Any, str]:
     """Each rank's view of the backend's semantics, one answer per key: a backend whose ranks end with
     different results says so here (the suites' own tests fail it)."""
@@ -90,6 +142,8 @@ def _drawn_from_probe(request: pytest.FixtureRequest) -> None:
 
     rotation.use(rotation.of_run(request.config))
     found: Capabilities = request.getfixturevalue("capabilities")
+    if getattr(request.node.function, "collectives_sweep", False):
+        found = sized(request.config, found)
     if request.node.get_closest_marker("training"):
         found = _with_training_rows(request, found)
     caps.use(found)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_collectives.conformance import known_bugs
+from pytest_collectives.conformance import known_bugs, tiers
 from pytest_collectives.errors import OptionError
 from pytest_collectives.option import Option
 
@@ -23,7 +23,13 @@ OPTIONS = (
     Option("known_bugs", "a JSON manifest of known backend bugs (tests that are strict xfails on named "
            "backends); repeatable, and added to the ini's and the suites' own", metavar="PATH",
            action="append", ini="paths"),
+    Option("tier_budget", "seconds all_reduce's every cell at 1 Mi elements may take, at what an example of "
+           "them costs on the live group (timed once per world size): where they fit, every sweep there "
+           "runs every cell at 1 Mi, else one, turning with the run (default "
+           f"{tiers.BUDGET_S:g}; 0: always one; inf: always every cell)", metavar="SECONDS"),
 )  # fmt: skip
+# The session's ConformanceSettings, for the probe (probing.probed) that sizes the tiers by its budget.
+SETTINGS = pytest.StashKey["ConformanceSettings"]()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +38,7 @@ class ConformanceSettings:
     compare_with: str | None = None  # --capability-compare's path, and its document
     before: dict[str, Any] | None = None
     known_bugs: tuple[known_bugs.KnownBug, ...] = ()  # every manifest's: shipped, the ini's, the option's
+    tier_budget_s: float = tiers.BUDGET_S
 
 
 def read(config: pytest.Config) -> ConformanceSettings:
@@ -43,7 +50,21 @@ def read(config: pytest.Config) -> ConformanceSettings:
     except known_bugs.ManifestError as exc:
         raise OptionError(str(exc)) from None
     path = config.getoption("capability_compare")
-    return ConformanceSettings(config.getoption("capability_json"), path, saved(path), bugs)
+    budget = _seconds(config.getoption("tier_budget"))
+    return ConformanceSettings(config.getoption("capability_json"), path, saved(path), bugs, budget)
+
+
+def _seconds(text: str | None) -> float:
+    """--tier-budget's seconds: a number, 0 or more."""
+    if text is None:
+        return tiers.BUDGET_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # NaN too
+        raise OptionError(f"--tier-budget {text}: expected seconds, 0 or more, or inf, e.g. --tier-budget 3")
+    return seconds
 
 
 def saved(path: str | None) -> dict[str, Any] | None:

@@ -109,7 +109,13 @@ def sweep(**listings: st.SearchStrategy[list[Any]]) -> Callable[[F], F]:
 
     drawn = st.fixed_dictionaries(listings).map(zipped)
     batched = _batched("@sweep", listings, drawn)
-    return lambda fn: settings(max_examples=1)(batched(fn))
+
+    def decorate(fn: F) -> F:
+        swept = settings(max_examples=1)(batched(fn))
+        swept.collectives_sweep = True  # type: ignore[attr-defined]  # the size tiers are timed for it
+        return swept
+
+    return decorate
 
 
 class Sweep(list):

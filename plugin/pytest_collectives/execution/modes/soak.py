@@ -19,6 +19,7 @@ import dataclasses
 import random
 import shlex
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -65,10 +66,12 @@ def replay(
     settings: options.Settings,
     configuration: configurations.Configuration,
     world_size: int | None,
+    pinned: Sequence[str] = (),
 ) -> str:
     """The command that runs ``nodeid`` again with ``seed``, in the session's backend and configuration, at
     the session's world sizes (where they hold ``world_size``: the node id names its size, and a test drawn
-    at one of several sizes draws as it did)."""
+    at one of several sizes draws as it did), with the options that ``pinned`` what the session measured
+    (the size tiers as they ran, whatever a replay would measure)."""
     args = ["pytest", nodeid, f"--hypothesis-seed={seed}"]
     if settings.gpus:
         args += ["--gpus", str(settings.gpus)]
@@ -80,14 +83,22 @@ def replay(
         args += ["--world-sizes", ",".join(map(str, sizes))]
     for name, value in configuration.env:
         args += ["--backend-env", f"{name}={value}"]
-    return shlex.join(args)
+    return shlex.join([*args, *pinned])
 
 
 class Soak:
     """Runs the session's items pass after pass (pytest_runtestloop), and reports what the passes did."""
 
-    def __init__(self, seconds: float, session: Any, drift: float) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        session: Any,
+        drift: float,
+        pinned: Callable[[pytest.Config, int | None, Any], Sequence[str]] = lambda *_: (),
+    ) -> None:
         self.session = session  # the DistributedSession: its config and settings; it keeps the groups
+        # what a replay at a world size (in a configuration's env) must pin of what the session measured
+        self.pinned = pinned
         self.config = session.config
         self.drift = drift  # how much worse a benchmark may get over the passes before a WARN
         self.seconds = seconds
@@ -211,7 +222,10 @@ class Soak:
                 "first_at_s": round(failures.first_at, 3),
                 "draws": [{"seed": s, "tries": TRIES_AT_A_DRAW, "failed": n} for s, n in draws.items()],
                 "kind": failures.kind(),
-                "replay": replay(nodeid, failures.seed, self.session.settings, configuration, world_size),
+                "replay": replay(
+                    nodeid, failures.seed, self.session.settings, configuration, world_size,
+                    self.pinned(self.config, world_size, configuration.env),
+                ),
             })  # fmt: skip
         return found
 
