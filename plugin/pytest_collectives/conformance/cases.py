@@ -23,7 +23,6 @@ from pytest_collectives.algorithms.reference import SCALE, SMALL, UNWRITTEN_BOOL
 from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
-from pytest_collectives.conformance.tiers import TIERS
 from pytest_collectives.execution import shared_inputs
 from pytest_collectives.execution.suite_api import item_parameter, item_world_sizes
 
@@ -205,6 +204,7 @@ def sampled(choices: tuple[object, ...]) -> st.SearchStrategy[object]:
 
 
 SWEEP_SIZE = 97  # a prime: no world size divides it
+TIERS = (1 << 16, 1 << 20)
 
 
 def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:

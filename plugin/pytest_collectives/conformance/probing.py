@@ -87,6 +87,7 @@ def _timed(config: pytest.Config, found: Capabilities) -> Capabilities:
     from pytest_collectives.algorithms.reference import defined
     from pytest_collectives.conformance import tiers
     from pytest_collectives.conformance.capabilities import DTYPES, dtype_name
+    from pytest_collectives.conformance.cases import TIERS
     from pytest_collectives.conformance.settings import SETTINGS, ConformanceSettings
     from pytest_collectives.execution.suite_api import run_on_ranks
 
@@ -100,7 +101,7 @@ def _timed(config: pytest.Config, found: Capabilities) -> Capabilities:
         for name, dtype, op in found.cells
     )
     (took, *_) = run_on_ranks(
-        config, found.world_size, tiers.large_example_s, cells=sample, size=tiers.TIERS[1], most=most,
+        config, found.world_size, tiers.large_example_s, cells=sample, size=TIERS[1], most=most,
         budget_s=budget,
     )  # fmt: skip
     whole = tiers.every_cell_fits(most, took, budget)

@@ -28,7 +28,7 @@ OPTIONS = (
            "runs every cell at 1 Mi, else one, turning with the run (default "
            f"{tiers.BUDGET_S:g}; 0: always one; inf: always every cell)", metavar="SECONDS"),
 )  # fmt: skip
-# The session's ConformanceSettings, for the probe (probing.probed) that sizes the tiers by its budget.
+# The session's ConformanceSettings, for probing.sized, which sizes the tiers by its budget.
 SETTINGS = pytest.StashKey["ConformanceSettings"]()
 
 

@@ -20,7 +20,6 @@ from typing import Any
 # --tier-budget's default, in the timed example's terms (a sweep's cell at 1 Mi costs about twice it): on
 # the 2-core machine 59 cells cost 0.7 to 0.9 s at 2 ranks, 1.9 to 2.5 s at 3 (docs/measurements).
 BUDGET_S = 1.2
-TIERS = (1 << 16, 1 << 20)  # the sweeps' sizes past SWEEP_SIZE (cases.py)
 # The cells of the timed examples, those supported: a 4-byte float, a 2-byte one, an integer and a
 # complex, whose drawing and checking cost two to three times float32's.
 SAMPLE = (("float32", "sum"), ("float16", "sum"), ("int32", "max"), ("complex64", "sum"))

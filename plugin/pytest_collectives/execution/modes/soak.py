@@ -70,8 +70,8 @@ def replay(
 ) -> str:
     """The command that runs ``nodeid`` again with ``seed``, in the session's backend and configuration, at
     the session's world sizes (where they hold ``world_size``: the node id names its size, and a test drawn
-    at one of several sizes draws as it did), with the options that ``pinned`` what the session measured
-    (the size tiers as they ran, whatever a replay would measure)."""
+    at one of several sizes draws as it did), then ``pinned``: the options that pin what the session
+    measured (the size tiers as they ran, whatever a replay would measure)."""
     args = ["pytest", nodeid, f"--hypothesis-seed={seed}"]
     if settings.gpus:
         args += ["--gpus", str(settings.gpus)]
