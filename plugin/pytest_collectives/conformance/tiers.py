@@ -4,11 +4,11 @@ turning with the run (``rotation``).
 What a 1 Mi example costs is measured once per world size on the live group, before its first sweep
 (``large_example_s``, asked by ``probing.sized``): a few all_reduce examples of 1 Mi elements in different
 dtypes, drawn, called and checked as a sweep's are, the slowest rank's mean. all_reduce's cells (the most
-a sweep has) at that cost either fit ``--tier-budget`` seconds or they do not. On a GPU, or at 2 ranks of
-a small machine, they do: every cell at every tier. Where a rank shares its core with others (3 or more
-ranks on 2 cores), a 1 Mi example costs about three times as much, every cell at 1 Mi would cost the
-sweeps several times the rest of the run, and one turns instead. The summary line says which, per world
-size, with what was measured.
+a sweep has) at that cost either fit ``--tier-budget`` seconds or they do not. At 2 ranks of a small
+machine they do (and on a GPU they should): every cell at every tier. Where a rank shares its core with
+others (3 or more ranks on 2 cores), a 1 Mi example costs about three times as much, every cell at 1 Mi
+would cost the sweeps several times the rest of the run, and one turns instead. The summary line says
+which, per world size, with what was measured.
 """
 
 from __future__ import annotations
