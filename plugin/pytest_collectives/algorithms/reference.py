@@ -289,22 +289,9 @@ def reduce_reference(inputs: Sequence[Tensor], op: str) -> Tensor:
     100 + 100 is -56. Bool inputs give a bool result (SUM and MAX are OR, PRODUCT and MIN are AND, BXOR
     is parity). AVG is defined for floating dtypes only, bitwise ops for integer and bool ones.
     """
-    if not inputs:
-        raise ValueError("reduce_reference needs at least one input")
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; expected one of {sorted(OPS)}")
-    dtype = inputs[0].dtype
-    if any(x.dtype != dtype or x.shape != inputs[0].shape for x in inputs):
-        raise ValueError("inputs must share one dtype and shape")
-    if not defined(dtype, op):
-        raise ValueError(f"{op} has no exact reference for {dtype}")
-    floating = dtype.is_floating_point or dtype.is_complex
-    result = _folded(inputs, _FOLD[op], _wide(dtype))
-    if op == "avg":
-        result /= len(inputs)
-    elif op == "premul_sum":
-        result *= PREMUL_FACTOR  # a power of two: the same as scaling each input first
-    if floating:
+    dtype = _checked(inputs, op)
+    result = _reduced(inputs, op, _wide(dtype))
+    if dtype.is_floating_point or dtype.is_complex:
         return result
     if dtype == torch.bool:
         return result.bool()
@@ -316,15 +303,32 @@ def exact_reduction(inputs: Sequence[Tensor], op: str) -> Tensor:
     dtype: two's complement SUM and PRODUCT wrap alike in any width, MIN and MAX never round, and exactly
     reducible floats have nothing to round. No widened copy of each input, which was most of a large
     example's check."""
-    if not defined(inputs[0].dtype, op):
-        raise ValueError(f"{op} has no exact reference for {inputs[0].dtype}")
-    result = _folded(inputs, _FOLD[op], inputs[0].dtype)
+    return _reduced(inputs, op, _checked(inputs, op))
+
+
+def _checked(inputs: Sequence[Tensor], op: str) -> torch.dtype:
+    """The inputs' one dtype, once they are fit to reduce by ``op``; else a ValueError saying why."""
+    if not inputs:
+        raise ValueError("reduce_reference needs at least one input")
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; expected one of {sorted(OPS)}")
+    dtype = inputs[0].dtype
+    if any(x.dtype != dtype or x.shape != inputs[0].shape for x in inputs):
+        raise ValueError("inputs must share one dtype and shape")
+    if not defined(dtype, op):
+        raise ValueError(f"{op} has no exact reference for {dtype}")
+    return dtype
+
+
+def _reduced(inputs: Sequence[Tensor], op: str, dtype: torch.dtype) -> Tensor:
+    """``inputs`` folded by ``op`` in ``dtype``, AVG divided by the group size, PREMUL_SUM scaled."""
+    result = _folded(inputs, _FOLD[op], dtype)
     if op == "avg" and result.is_complex():  # torch 2.2's complex division rounds even by a power of two
-        result = (result.to(torch.complex128) / len(inputs)).to(inputs[0].dtype)
+        result = (result.to(torch.complex128) / len(inputs)).to(dtype)
     elif op == "avg":
         result /= len(inputs)
     elif op == "premul_sum":
-        result *= PREMUL_FACTOR
+        result *= PREMUL_FACTOR  # a power of two: the same as scaling each input first
     return result
 
 
@@ -401,8 +405,8 @@ def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str, valu
     """
     dtype, n = inputs[0].dtype, len(inputs)
     exact = values.exact(dtype, op, n)
-    in_place = exact and dtype != torch.bool
-    expected = exact_reduction(inputs, op) if in_place else reduce_reference(inputs, op)
+    own_dtype = exact and dtype != torch.bool
+    expected = exact_reduction(inputs, op) if own_dtype else reduce_reference(inputs, op)
     bound = None if exact else _bound(inputs, op, expected)
     what = f"{op} over {n} ranks of {dtype}"
     try:

@@ -83,11 +83,15 @@ def reduces(operation: str) -> bool:
 
 
 def supported_cells(
-    operations: Sequence[str], dtypes: Sequence[torch.dtype], ops: Sequence[str]
+    operations: Sequence[str],
+    dtypes: Sequence[torch.dtype],
+    ops: Sequence[str],
+    probe: caps.Capabilities | None = None,
 ) -> list[tuple[torch.dtype, str]]:
-    """(dtype, op) pairs with an exact reference where every one of ``operations`` is supported here; the
-    op is NO_OP where none of them reduces (a reduce op drawn for a broadcast is no cell)."""
-    found = caps.active()
+    """(dtype, op) pairs with an exact reference where every one of ``operations`` is supported here (by
+    ``probe``, else the running test's); the op is NO_OP where none of them reduces (a reduce op drawn for
+    a broadcast is no cell)."""
+    found = probe or caps.active()
     key = (tuple(operations), tuple(dtypes), tuple(ops))
     if key not in found.answered:
         if not any(reduces(name) for name in operations):

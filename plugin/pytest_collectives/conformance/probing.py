@@ -84,10 +84,9 @@ def sized(config: pytest.Config, found: Capabilities) -> Capabilities:
 
 
 def _timed(config: pytest.Config, found: Capabilities) -> Capabilities:
-    from pytest_collectives.algorithms.reference import defined
     from pytest_collectives.conformance import tiers
-    from pytest_collectives.conformance.capabilities import DTYPES, dtype_name
-    from pytest_collectives.conformance.cases import TIERS
+    from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS
+    from pytest_collectives.conformance.cases import TIERS, supported_cells
     from pytest_collectives.conformance.settings import SETTINGS, ConformanceSettings
     from pytest_collectives.execution.suite_api import run_on_ranks
 
@@ -95,11 +94,7 @@ def _timed(config: pytest.Config, found: Capabilities) -> Capabilities:
     sample = [cell for cell in tiers.SAMPLE if found.supports("all_reduce", *cell)]
     if not budget or not sample:
         return dataclasses.replace(found, timed=True)
-    dtypes = {dtype_name(dtype): dtype for dtype in DTYPES}
-    most = sum(
-        name == "all_reduce" and found.supports(name, dtype, op) and defined(dtypes[dtype], op)
-        for name, dtype, op in found.cells
-    )
+    most = len(supported_cells(["all_reduce"], DTYPES, REDUCE_OPS, found))  # its sweep's cells
     (took, *_) = run_on_ranks(
         config, found.world_size, tiers.large_example_s, cells=sample, size=TIERS[1], most=most,
         budget_s=budget,
