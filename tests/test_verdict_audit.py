@@ -1,9 +1,10 @@
 """The verdict audit: planted backends by the modes a run can take, each row with the verdict it must give.
 
 Every path to a verdict (a group start under a setting, a refused example, a timed transfer, the soak,
-xdist, the node report) once had its own rule, and a broken backend passed through some of them. Each row
-here is one of those findings (issue 54), run as a user types it, in a session of its own; each failed
-before its fix. The last rows are the controls: the clean reference backend passes every mode.
+xdist, the node report, the 1 Mi tier a time budget sizes and a soak's replay of it) once had its own
+rule, and a broken backend passed through some of them. Each row here is one of those findings (issue 54
+on, the tier's issue 56), run as a user types it, in a session of its own; each failed before its fix. The
+last rows are the controls: the clean reference backend passes every mode.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ TIMED_TOO = [
     "all_to_all or gather_scatter or hypercube or registered_algorithm or send_latency",
 ]
 
+# the all_reduce sweep at 2 ranks with its 1 Mi tier as a budget that holds every cell decides it
+TIERED = [
+    "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring", "--world-sizes", "2",
+    "--tier-budget", "inf", "--hypothesis-seed", "1",
+]  # fmt: skip
+
 # (row, backend, arguments, environment, exit status, a line the output must hold)
 ROWS = [
     ("a fault at group start under one setting", "mutant_faults_at_start_under_ll128", [*ALL_REDUCE, *SWEEP],
@@ -64,7 +71,12 @@ ROWS = [
     ("a receive that ignores a view's offset", "mutant_received_at_the_storage_start",
      ["test_point_to_point.py", "-k", "test_receiver_sees_exactly_what_was_sent and not large"], {}, 1,
      "*receiving * from rank *elements wrong*"),
+    ("a cell wrong only at 1 Mi, where the budget holds every cell", "mutant_large_int32_sum_unreduced",
+     TIERED, {}, 1, "*dtype=torch.int32, op='sum', size=1048576*"),
+    ("... in the soak, whose replay pins the tier", "mutant_large_int32_sum_unreduced",
+     [*TIERED, "--soak", "2s"], {}, 1, "*failed in * of * passes*; replay: *--tier-budget inf"),
     ("control: the clean reference backend, swept", "refgloo", [*ALL_REDUCE, *SWEEP], {}, 0, "*2 passed*"),
+    ("control: ... its sweep at every cell at 1 Mi", "refgloo", TIERED, {}, 0, "*1 passed*"),
     ("control: ... in the soak", "refgloo", [*ALL_REDUCE, "--soak", "2s"], {}, 0,
      "*no test failed in any pass*"),
     ("control: ... its timed transfers", "refgloo", TIMED, {}, 0, "*6 passed*"),
@@ -80,7 +92,7 @@ def test_each_planted_bug_gets_its_verdict_in_each_mode(
 ) -> None:
     result = run_on_backend(
         pytester, backend, *args, perf=True, dist_timeout=60, subprocess_timeout=600,
-        files=("test_all_reduce.py", "test_operations.py", "test_point_to_point.py"),
+        files=("test_all_reduce.py", "test_operations.py", "test_point_to_point.py", "test_every_cell.py"),
         env={"ACME_PROTO": "", **{name: value.format(tmp=pytester.path) for name, value in env.items()}},
     )  # fmt: skip
     out = result.stdout.str()
