@@ -87,7 +87,12 @@ def test_the_ci_gate_commands_pass_a_healthy_perf_run(checkout: pytest.Pytester)
     # one minute (about 6%) lets it: a healthy run was once confirmed 1.27x slow on one (1.15x measured
     # again). The verdicts on real noise are test_gate.py's; this job's slowdown is some 60 times.
     selection += ("--machine-tolerance", "3", "--regression-threshold", "0.9")
-    gated = run(checkout, *gate, *selection)
+    # Even so, one benchmark read 1.99x and 1.57x again in CI, the machine unchanged: a healthy run gets
+    # three tries, where a gate failing every healthy run fails all three.
+    for _ in range(3):
+        gated = run(checkout, *gate, *selection)
+        if gated.ret == 0:
+            break
     gated.assert_outcomes(passed=6)
     assert gated.ret == 0, gated.stdout.str()[-3000:]
     gated.stdout.fnmatch_lines(["compared with *baseline.json: 3 run(s)*"])
