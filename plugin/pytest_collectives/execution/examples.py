@@ -4,12 +4,12 @@ Written like hypothesis' ``@given`` over a test's per-example parameters, it dra
 examples as one hypothesis example, and every rank runs the whole batch in one call: a dispatch, a seed and
 a result costs a few milliseconds at 8 ranks on 2 cores, more than most examples. The batch is drawn as a
 list of short lists, flattened: hypothesis makes a list about 6 long on average whatever its largest size,
-and twice that halved the default run's dispatches at the same count of examples. A rank whose check fails
-runs the rest of the batch (run_batch), so the ranks never need to agree after each example whether it
-failed anywhere: that was a second all-reduce per example, as costly at 8 ranks on 2 cores as the example's
-own. Each reports the first example it failed, and the controller keeps the earliest over the ranks
-(GroupOutcome.keep_first_failing_example). Hypothesis then shrinks the batch like any list, down to the one
-example that fails, so the minimal example reads ``batch=[{...}]``.
+and at about 14 the default run takes 8 batches a test, where it took 20, for as many examples. A rank
+whose check fails runs the rest of the batch (run_batch), so the ranks never need to agree after each
+example whether it failed anywhere: that was a second all-reduce per example, as costly at 8 ranks on 2
+cores as the example's own. Each reports the first example it failed, and the controller keeps the earliest
+over the ranks (GroupOutcome.keep_first_failing_example). Hypothesis then shrinks the batch like any list,
+down to the one example that fails, so the minimal example reads ``batch=[{...}]``.
 
 Each example is seeded from its own values, not from the batch it came in: the one shrunk example sees the
 inputs it saw in its batch.

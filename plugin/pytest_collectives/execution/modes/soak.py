@@ -94,7 +94,7 @@ class Soak:
         seconds: float,
         session: Any,
         drift: float,
-        pinned: Callable[[pytest.Config, int | None, Any], Sequence[str]] = lambda *_: (),
+        pinned: Callable[[pytest.Config, int | None, Any], Sequence[str]],
     ) -> None:
         self.session = session  # the DistributedSession: its config and settings; it keeps the groups
         # what a replay at a world size (in a configuration's env) must pin of what the session measured
