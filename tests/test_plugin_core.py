@@ -731,6 +731,32 @@ def test_a_rank_runs_on_the_core_it_was_given(
     pytester.runpytest().assert_outcomes(passed=1)
 
 
+def test_a_rank_and_the_threads_it_starts_run_in_the_shortest_slice(pytester: pytest.Pytester) -> None:
+    release = tuple(int(n) for n in re.findall(r"\d+", os.uname().release)[:2])
+    if release < (6, 12):
+        pytest.skip(f"Linux {os.uname().release} does not honour a task's slice (6.12 and later do)")
+    make(
+        pytester,
+        """
+        from pytest_collectives.execution.ranks.scheduling import SLICE_NS
+
+        def slices():
+            found = []
+            for task in os.listdir("/proc/self/task"):  # the rank's threads: torch's and gloo's too
+                for line in open(f"/proc/self/task/{task}/sched"):
+                    if line.startswith("se.slice"):
+                        found.append(int(line.split(":")[1]))
+            return found
+
+        @pytest.mark.world_size(2)
+        def test_slices(pg):
+            dist.all_reduce(torch.ones(1))
+            assert len(slices()) > 1 and set(slices()) == {SLICE_NS}
+        """,
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
 def test_ranks_see_the_environment_pytest_has_when_their_group_starts(pytester: pytest.Pytester) -> None:
     make(
         pytester,

@@ -112,7 +112,7 @@ def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any, pinned:
     import torch.distributed as dist
 
     from pytest_collectives.execution.launchers.warm_groups import rank_cores
-    from pytest_collectives.execution.ranks.calling import keep_to_core
+    from pytest_collectives.execution.ranks.scheduling import keep_to_core
 
     keep_to_core(rank_cores(sorted(os.sched_getaffinity(0)), n) if pinned else (), rank)
     torch.set_num_threads(1)

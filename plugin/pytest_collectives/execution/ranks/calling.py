@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,13 +212,6 @@ def run_task(task: Task, ctx: RankContext, capture: Capture, statm: int) -> Rank
     result.printed = capture.written()
     result.rss_bytes = resident_bytes(statm)  # the pool replaces a group whose ranks grew too much
     return result
-
-
-def keep_to_core(cores: Sequence[int], rank: int) -> None:
-    """Keep this process, rank ``rank``, to its core of ``cores`` (warm_groups.rank_cores; none if empty)."""
-    if cores:
-        with contextlib.suppress(OSError):  # a core taken away since (cgroups): only slower unpinned
-            os.sched_setaffinity(0, {cores[rank]})
 
 
 def resident_bytes(statm: int) -> int:

@@ -25,12 +25,13 @@ from pytest_collectives.execution import shared_inputs
 from pytest_collectives.execution.messages import (
     GroupSpec,
 )
-from pytest_collectives.execution.ranks.calling import keep_to_core, run_task
+from pytest_collectives.execution.ranks.calling import run_task
 from pytest_collectives.execution.ranks.compat import bound_device
 from pytest_collectives.execution.ranks.context import STACK_SIGNAL, RankContext, rank_files, tasks_taken
 from pytest_collectives.execution.ranks.faults import inject_fault
 from pytest_collectives.execution.ranks.hygiene import Capture, die_with_controller, die_with_parent
 from pytest_collectives.execution.ranks.pending import track_async_ops
+from pytest_collectives.execution.ranks.scheduling import keep_to_core, short_slices
 
 
 def _init_process_group(spec: GroupSpec, rank: int, device: torch.device) -> None:
@@ -47,6 +48,9 @@ def _init_process_group(spec: GroupSpec, rank: int, device: torch.device) -> Non
 
 def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     """Entry point of one rank (run in a process forked from the preloaded forkserver)."""
+    # before this rank, torch and the backend start threads, which inherit both
+    keep_to_core(spec.cores, rank)
+    short_slices()
     die_with_parent()
     die_with_controller(spec.controller_pid, spec.workdir)
     files = rank_files(spec.workdir, rank)
@@ -69,7 +73,6 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
     else:
         device = torch.device("cpu")
     devices.select(device)
-    keep_to_core(spec.cores, rank)  # before torch and the backend start their threads, which inherit it
     torch.set_num_threads(spec.threads_per_rank)
     track_async_ops()
     ctx = RankContext(rank, spec.world_size, spec.backend, device, seed=0)
