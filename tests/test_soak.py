@@ -206,6 +206,33 @@ def test_ctrl_c_ends_the_soak_with_the_report_of_what_ran(pytester: pytest.Pytes
     assert "no test failed in any pass" in out
 
 
+def test_a_ctrl_c_that_python_drops_in_a_finalizer_still_ends_the_soak(pytester: pytest.Pytester) -> None:
+    # The KeyboardInterrupt is raised inside __del__, where Python reports it as ignored and goes on: a CI
+    # run once saw a soak carry on for a minute past its Ctrl-C.
+    pytester.makepyfile(
+        test_it="""
+        import os, signal
+
+        class Finalized:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(10_000):  # the handler runs here, inside __del__
+                    pass
+
+        def test_ctrl_c_in_a_finalizer():
+            Finalized()
+
+        def test_after():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("--soak", "2m", "-p", "no:cacheprovider", timeout=100)
+    out = result.stdout.str()
+    assert "KeyboardInterrupt" in result.stderr.str() + out  # Python said it dropped it
+    assert result.ret == pytest.ExitCode.INTERRUPTED, out
+    assert re.search(r"^soak: 1 pass\(es\) in \S+, interrupted \(Ctrl-C\)", out, re.M), out
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -15,11 +15,14 @@ fails one pass in five, as an intermittent one might; its tries fail every time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import shlex
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -109,6 +112,7 @@ class Soak:
         self.failures: dict[str, Failures] = {}
         self.items: dict[str, pytest.Item] = {}
         self.ended = "the time was spent"
+        self.ctrl_c = False
         # each benchmark of each pass, stamped with the seconds into the soak its pass ended at
         self.samples: list[tuple[float, str, dict[str, Any]]] = []
 
@@ -131,35 +135,64 @@ class Soak:
         self.session.keep_groups()
         self.started = time.monotonic()
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        said_at = -PROGRESS_EVERY_S  # the first pass is always said
         try:
-            more = bool(items)
-            while more:
-                self.passes += 1
-                seed = self.seed_of(self.passes)
-                session.config.option.hypothesis_seed = seed  # the sweeps' rotation turns with it
-                if core is not None:
-                    core.global_force_seed = seed
-                for i, item in enumerate(items):
-                    last = i == len(items) - 1
-                    more = not last or self.elapsed() < self.seconds
-                    # the next pass's first item keeps the session's fixtures set up; not the item itself,
-                    # which pytest would then not set up again
-                    nextitem = items[i + 1] if not last else (items[0] if more and i else None)
-                    item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
-                    self._try_again(item, nextitem, seed)
-                    if session.shouldfail or session.shouldstop:
-                        raise session.Failed(session.shouldfail or session.shouldstop)
-                ran = side_by_side.records(self.config)
-                self.samples += [(self.elapsed(), name, extra) for name, extra in ran[len(self.samples) :]]
-                failed = sum(1 for f in self.failures.values() if self.passes in f.passes)
-                if reporter is not None and (failed or self.elapsed() - said_at >= PROGRESS_EVERY_S):
-                    reporter.write_line(self.progress(failed))
-                    said_at = self.elapsed()
+            with self._ctrl_c_kept():
+                self._passes(session, items, core, reporter)
         except KeyboardInterrupt:
             self.ended = "interrupted (Ctrl-C)"
             raise
         return True
+
+    def _passes(self, session: pytest.Session, items: list[pytest.Item], core: Any, reporter: Any) -> None:
+        said_at = -PROGRESS_EVERY_S  # the first pass is always said
+        more = bool(items)
+        while more:
+            self.passes += 1
+            seed = self.seed_of(self.passes)
+            session.config.option.hypothesis_seed = seed  # the sweeps' rotation turns with it
+            if core is not None:
+                core.global_force_seed = seed
+            for i, item in enumerate(items):
+                last = i == len(items) - 1
+                more = not last or self.elapsed() < self.seconds
+                # the next pass's first item keeps the session's fixtures set up; not the item itself,
+                # which pytest would then not set up again
+                nextitem = items[i + 1] if not last else (items[0] if more and i else None)
+                item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+                self._try_again(item, nextitem, seed)
+                if self.ctrl_c:
+                    raise KeyboardInterrupt
+                if session.shouldfail or session.shouldstop:
+                    raise session.Failed(session.shouldfail or session.shouldstop)
+            ran = side_by_side.records(self.config)
+            self.samples += [(self.elapsed(), name, extra) for name, extra in ran[len(self.samples) :]]
+            failed = sum(1 for f in self.failures.values() if self.passes in f.passes)
+            if reporter is not None and (failed or self.elapsed() - said_at >= PROGRESS_EVERY_S):
+                reporter.write_line(self.progress(failed))
+                said_at = self.elapsed()
+
+    @contextlib.contextmanager
+    def _ctrl_c_kept(self) -> Iterator[None]:
+        """Ctrl-C remembered as well as raised: Python drops the KeyboardInterrupt raised while a finalizer
+        (a ``__del__``, a weakref callback) runs, and a soak of hours would go on past its Ctrl-C. The
+        remembered one ends it after the test running then."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is not signal.default_int_handler:  # pytest's caller chose otherwise: theirs stands
+            yield
+            return
+
+        def asked(signum: int, frame: Any) -> None:
+            self.ctrl_c = True
+            signal.default_int_handler(signum, frame)
+
+        signal.signal(signal.SIGINT, asked)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def _try_again(self, item: pytest.Item, nextitem: pytest.Item | None, seed: int) -> None:
         """Run a test that just failed again at its draw (TRIES_AT_A_DRAW in all), reporting nothing: only
