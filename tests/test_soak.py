@@ -207,8 +207,8 @@ def test_ctrl_c_ends_the_soak_with_the_report_of_what_ran(pytester: pytest.Pytes
 
 
 def test_a_ctrl_c_that_python_drops_in_a_finalizer_still_ends_the_soak(pytester: pytest.Pytester) -> None:
-    # The KeyboardInterrupt is raised inside __del__, where Python reports it as ignored and goes on: a CI
-    # run once saw a soak carry on for a minute past its Ctrl-C.
+    # The KeyboardInterrupt is raised inside __del__, where Python reports it as ignored and goes on: a run
+    # of these tests once saw a soak carry on for a minute past its Ctrl-C.
     pytester.makepyfile(
         test_it="""
         import os, signal

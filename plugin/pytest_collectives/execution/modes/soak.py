@@ -176,11 +176,12 @@ class Soak:
         """Ctrl-C remembered as well as raised: Python drops the KeyboardInterrupt raised while a finalizer
         (a ``__del__``, a weakref callback) runs, and a soak of hours would go on past its Ctrl-C. The
         remembered one ends it after the test running then."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
         previous = signal.getsignal(signal.SIGINT)
-        if previous is not signal.default_int_handler:  # pytest's caller chose otherwise: theirs stands
+        # only the main thread may set a handler; a caller who chose another handler keeps theirs
+        if (
+            threading.current_thread() is not threading.main_thread()
+            or previous is not signal.default_int_handler
+        ):
             yield
             return
 

@@ -23,10 +23,10 @@ def keep_to_core(cores: Sequence[int], rank: int) -> None:
             os.sched_setaffinity(0, {cores[rank]})
 
 
-def short_slices() -> bool:
+def short_slices() -> None:
     """Ask the kernel to run this process, and the threads and processes it starts after, in the shortest
-    slice it grants (``sched_attr.sched_runtime`` of a SCHED_OTHER task, Linux 6.12 and later); say whether
-    the call was taken. Earlier kernels take the call and ignore the slice.
+    slice it grants (``sched_attr.sched_runtime`` of a SCHED_OTHER task, Linux 6.12 and later). Earlier
+    kernels take the call and ignore the slice.
 
     A collective is a chain of wake-ups: a rank's thread hands the call to the backend's, whose socket
     wakes the peer's I/O thread, which wakes the peer's caller. Where a woken thread finds its core busy,
@@ -36,12 +36,10 @@ def short_slices() -> bool:
     """
     number = _SCHED_SETATTR.get(platform.machine())
     if number is None or os.sched_getscheduler(0) != os.SCHED_OTHER:
-        return False  # another policy was chosen for pytest: the ranks keep it
+        return  # another policy was chosen for pytest: the ranks keep it
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     attr = ctypes.create_string_buffer(
         _SCHED_ATTR.pack(_SCHED_ATTR.size, os.SCHED_OTHER, 0, nice, 0, SLICE_NS, 0, 0)
     )
-    try:
-        return ctypes.CDLL(None, use_errno=True).syscall(number, 0, attr, 0) == 0
-    except (OSError, AttributeError):  # no libc syscall(): a slower rank, nothing worse
-        return False
+    with contextlib.suppress(OSError, AttributeError):  # no libc syscall(): a slower rank, nothing worse
+        ctypes.CDLL(None, use_errno=True).syscall(number, 0, attr, 0)
