@@ -12,12 +12,13 @@ PRELOAD = [
     "__main__", "torch", "torch.distributed", "pytest", "hypothesis",
     "pytest_collectives.execution.ranks.worker",
 ]  # fmt: skip
-# What a test of the training stacks imports on every rank (conformance/training/stacks.py's _APIS): half a
-# second a rank on 2 cores, where 2 to 8 ranks start 35 processes. Only for sessions that run them: the first
-# group of any other session would wait for it.
+# What a test of the training stacks imports on every rank (conformance/training/stacks.py's _APIS), and
+# torch._dynamo, which DTensor imports on its first distribute_tensor: each half a second a rank on 2 cores,
+# where 2 to 8 ranks start 35 processes. Only for sessions that run them: the first group of any other
+# session would wait for it.
 TRAINING = [
     "torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.fsdp",
-    "torch.distributed._functional_collectives",
+    "torch.distributed._functional_collectives", "torch._dynamo",
 ]  # fmt: skip
 
 
