@@ -151,6 +151,30 @@ def test_a_bool_never_written_is_caught_whatever_was_drawn(kind):
         assert_moved(out, x, "bool")
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.bool, torch.float8_e5m2, torch.bfloat16, torch.float32, torch.complex128],
+    ids=lambda d: str(d)[6:],
+)
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "offset", "one element"])
+def test_one_byte_changed_is_caught_in_every_layout(dtype, layout):
+    """assert_moved compares whole words where it can: one byte changed anywhere in an element (its last
+    byte, the high word of a complex128) fails, in a view of every layout the suites draw, and the same
+    bytes pass."""
+    x = rank_input(5, 0, 9, dtype, values=Values("full"), op=None)
+    for byte in range(x.element_size()):
+        out = torch.empty(20, dtype=dtype)
+        views = {"contiguous": out[:9], "strided": out[::2], "offset": out[1:10], "one element": out[2:3:2]}
+        actual = views[layout][:9]
+        expected = x[: actual.numel()]
+        actual.copy_(expected)
+        assert_moved(actual, expected, layout)
+        last = actual.storage_offset() + (actual.numel() - 1) * actual.stride(0)  # its element of out
+        out.view(torch.uint8)[last * x.element_size() + byte] ^= 0x10
+        with pytest.raises(AssertionError, match=rf"1 of {actual.numel()} elements wrong"):
+            assert_moved(actual, expected, layout)
+
+
 def through_float16(xs: list[torch.Tensor]) -> torch.Tensor:
     return sum(x.to(torch.float16) for x in xs).to(torch.bfloat16)
 

@@ -340,12 +340,12 @@ def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.devic
 def assert_moved(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     """``actual`` holds exactly ``expected``'s bits; the message counts elements never written (still the
     sentinel) apart from wrong ones, and names the first bad element."""
-    actual = actual.detach().cpu()
+    actual, expected = actual.detach().cpu(), expected.detach().cpu()
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         raise AssertionError(
             f"{what}: got {actual.dtype}{list(actual.shape)}, expected {expected.dtype}{list(expected.shape)}"
         )
-    if not expected.numel():
+    if not expected.numel() or torch.equal(_words(actual), _words(expected)):
         return
     got, want = _bits(actual), _bits(expected)
     bad = (got != want).any(1)
@@ -361,8 +361,22 @@ def assert_moved(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     """One row of raw bytes per element: exact for every dtype, float8 and NaN included."""
-    # a copy, not contiguous(): a one-element view with stride 2 counts as contiguous and can't be viewed;
-    # a bool as its byte, which a bool copy would make 0 or 1 (the sentinel's 0xFF with it)
+    return _raw(tensor).view(torch.uint8).reshape(tensor.numel(), -1)
+
+
+def _words(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bytes as integers of the element's width (two int64 for a complex128), equal exactly where
+    the bytes are: compared in one pass, where rows of bytes compared and reduced cost 6 ms at 1 Mi
+    float32 elements, most of a moved example's check."""
+    words = {1: torch.uint8, 2: torch.int16, 4: torch.int32}.get(tensor.element_size(), torch.int64)
+    return _raw(tensor).view(words)
+
+
+def _raw(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` flat, its elements' bytes in order: a view of its memory where that holds them so, else a
+    copy. A bool as its byte, which a bool copy would make 0 or 1 (the sentinel's 0xFF with it)."""
     tensor = tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
-    flat = torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.reshape(-1))
-    return flat.view(torch.uint8).reshape(flat.numel(), -1)
+    if tensor.numel() > 1 and tensor.is_contiguous() and not (tensor.is_conj() or tensor.is_neg()):
+        return tensor.reshape(-1)
+    # a copy, not contiguous(): a one-element view with stride 2 counts as contiguous and can't be viewed
+    return torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.reshape(-1))
