@@ -297,10 +297,10 @@ def test_a_sweep_runs_every_listed_example_once_and_names_the_one_that_failed(
     assert ran and ran % 40 == 0, out[-2000:]
 
 
-def test_an_example_s_seed_reads_a_long_blob_by_its_digest() -> None:
+def test_an_example_s_seed_reads_a_long_blob_by_its_checksum() -> None:
     """Every rank derives each example's seed from the drawn values' reprs, again for every example: the
     repr of a 5 MiB blob (a test of object collectives draws them) took a tenth of a second. Long bytes
-    stand for their length and digest, anywhere in a list, tuple or dict; other values keep their repr,
+    stand for their length and checksum, anywhere in a list, tuple or dict; other values keep their repr,
     so their seeds are what they were."""
     plain = {"case": [1, "a", None, (2,), {"k": (3, 4)}], "b": b"x" * 256}
     text = "t" + repr(sorted((k, repr(v)) for k, v in plain.items()))
