@@ -1,4 +1,4 @@
-"""Loading a test on a rank and calling it: the module imported with pytest's assertion rewriting, the rank
+"""Loading a test on a rank and calling it: the module imported as pytest did (``imports``), the rank
 seeded, its ``pg`` and benchmark in place, the outcome classified, the rank's health checked after."""
 
 from __future__ import annotations
