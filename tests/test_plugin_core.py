@@ -829,34 +829,6 @@ def test_the_forkserver_preloads_what_the_training_stacks_need() -> None:
     assert set(TRAINING) == apis | {"torch._dynamo"}
 
 
-def test_a_test_module_is_compiled_once_for_every_rank_of_the_pool(tmp_path: Path) -> None:
-    """The first rank to import a test module leaves its code, asserts rewritten as pytest's, in the pool's
-    folder, and a later rank runs that code without parsing the source; a copy that cannot be read is
-    compiled again."""
-    import marshal
-
-    from pytest_collectives.execution.ranks import imports
-
-    source = tmp_path / "test_cached.py"
-    source.write_text("def check(x):\n    assert x == 2\n")
-    names = ("test_cached_a", "test_cached_b", "test_cached_c")
-    imports.cache_in(tmp_path / imports.CODE)
-    try:
-        with pytest.raises(AssertionError, match="assert 1 == 2"):
-            imports.import_test_module(names[0], str(source)).check(1)
-        [copy] = (tmp_path / imports.CODE).iterdir()
-        other = compile("def check(x):\n    return 'the copy'\n", str(source), "exec")
-        copy.write_bytes(marshal.dumps(other))
-        assert imports.import_test_module(names[1], str(source)).check(1) == "the copy"
-        copy.write_bytes(b"not code")
-        with pytest.raises(AssertionError, match="assert 1 == 2"):
-            imports.import_test_module(names[2], str(source)).check(1)
-    finally:
-        imports.cache_in(None)
-        for name in names:
-            sys.modules.pop(name, None)
-
-
 def test_a_module_that_fails_to_import_on_the_ranks_fails_its_test(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_ranks_only=HEADER

@@ -1,10 +1,13 @@
-"""Loading a test on a rank and calling it: the module imported as pytest did (``imports``), the rank
+"""Loading a test on a rank and calling it: the module imported with pytest's assertion rewriting, the rank
 seeded, its ``pg`` and benchmark in place, the outcome classified, the rank's health checked after."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
+import importlib
+import importlib.util
 import os
 import resource
 import sys
@@ -12,6 +15,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,13 +38,36 @@ from pytest_collectives.execution.ranks import pending
 from pytest_collectives.execution.ranks.compat import default_device
 from pytest_collectives.execution.ranks.context import RankContext
 from pytest_collectives.execution.ranks.hygiene import Capture
-from pytest_collectives.execution.ranks.imports import import_test_module
+
+
+def _load_module(name: str, path: str) -> types.ModuleType:
+    """Import the test module as pytest did, with pytest's assertion rewriting so failures show values."""
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        source = Path(path).read_bytes()
+        tree = ast.parse(source, filename=path)
+        rewrite_asserts(tree, source, Path(path), None)
+        code = compile(tree, path, "exec", dont_inherit=True)
+    except Exception:
+        return importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def resolve_test(task: Task) -> Callable[..., Any]:
     if task.sys_path != sys.path:
         sys.path[:] = task.sys_path
-    obj: Any = import_test_module(task.module, task.path)
+    obj: Any = _load_module(task.module, task.path)
     owner = None
     for part in task.qualname.split("."):
         obj = getattr(obj, part)

@@ -14,8 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-from pytest_collectives.execution.ranks import imports
-
 
 def die_with_parent() -> None:
     # Our parent is the forkserver, which exits when pytest does: PDEATHSIG turns that into our end,
@@ -41,10 +39,8 @@ def die_with_controller(pid: int, workdir: str) -> None:
 
     def end() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
-        pool = os.path.dirname(workdir)
         with contextlib.suppress(OSError):
-            if os.listdir(pool) in ([], [imports.CODE]):  # no other group's folder left: the modules go too
-                shutil.rmtree(pool)
+            os.rmdir(os.path.dirname(workdir))  # fails while another group's folder is in it
         os._exit(1)
 
     try:

@@ -25,7 +25,6 @@ from pytest_collectives.execution import shared_inputs
 from pytest_collectives.execution.messages import (
     GroupSpec,
 )
-from pytest_collectives.execution.ranks import imports
 from pytest_collectives.execution.ranks.calling import run_task
 from pytest_collectives.execution.ranks.compat import bound_device
 from pytest_collectives.execution.ranks.context import STACK_SIGNAL, RankContext, rank_files, tasks_taken
@@ -89,7 +88,6 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
         conn.send(("refused", traceback.format_exc()))
         os._exit(1)
     shared_inputs.share_in(os.path.join(spec.workdir, "inputs"))  # the group's ranks share one machine
-    imports.cache_in(os.path.join(os.path.dirname(spec.workdir), imports.CODE))  # and every group of the pool
     conn.send(("ready", rank))
     while True:
         try:
