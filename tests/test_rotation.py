@@ -15,7 +15,7 @@ import pytest
 from helpers import SUITES, copy_conformance
 
 from pytest_collectives.conformance import capabilities as caps
-from pytest_collectives.conformance import rotation
+from pytest_collectives.conformance import rotation, tiers
 from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS, Capabilities, dtype_name
 from pytest_collectives.conformance.cases import TIERS, _every_cell, supported_cells
 from pytest_collectives.conformance.matrix import NAMED_AT_MOST, short_dtype, tiers_line
@@ -137,6 +137,23 @@ def test_the_matrix_says_which_cells_passed_at_which_tier(pytester: pytest.Pytes
     )
 
 
+@pytest.mark.parametrize(
+    ("example_s", "draw_s", "fits"),
+    [
+        (0.030, tiers.DRAW_S, True),  # 59 cells cost 1.8 s of the 2 s budget
+        (0.060, 2 * tiers.DRAW_S, True),  # a machine half as fast: the run, the budget and the cells slow
+        (0.060, tiers.DRAW_S, False),  # as fast a machine, an example twice as dear: ranks sharing cores
+        (0.030, tiers.DRAW_S / 2, False),  # as dear an example on a machine twice as fast
+        (None, tiers.DRAW_S, False),  # nothing to time
+        (0.030, None, False),
+    ],
+)
+def test_the_budget_scales_with_the_machines_draw(example_s: float, draw_s: float, fits: bool) -> None:
+    """--tier-budget's seconds are those of a machine that draws a 1 Mi input in DRAW_S: the cells fit where
+    their cost, in draws timed on the same group, does."""
+    assert tiers.every_cell_fits(59, example_s, draw_s, 2.0) is fits
+
+
 def test_where_the_budget_holds_them_every_cell_runs_at_1_mi(pytester: pytest.Pytester) -> None:
     """A budget that holds every cell at 1 Mi, as measured on the live group, runs them all there; the
     summary and the JSON say so, with what a 1 Mi example cost."""
@@ -152,11 +169,13 @@ def test_where_the_budget_holds_them_every_cell_runs_at_1_mi(pytester: pytest.Py
     assert rows and all(r["largest"] >= TIERS[1] for r in rows)
     (timed,) = doc["size_tiers"]["world_sizes"]
     assert timed["world_size"] == 2 and timed["every_cell_at_1mi"] and timed["large_example_ms"] > 0
+    assert timed["draw_ms"] > 0 and doc["size_tiers"]["draw_ms"] == tiers.DRAW_S * 1e3
     assert timed["cells"] >= len(rows)  # all_reduce's supported cells, those known bugs hold among them
     result.stdout.fnmatch_lines(
         [
             "the sweeps' size tiers at 2 ranks: every cell at 64 Ki; at 1 Mi every cell where the budget "
-            "holds them, else one (every cell at 2 ranks: a 1 Mi example * ms at 2, * cells in inf s); *",
+            "holds them, else one (every cell at 2 ranks: a 1 Mi example * ms at 2, * cells in inf s where "
+            "a 1 Mi input draws in 8 ms, here in * ms); *",
             f"of the {len(rows)} cells that passed, at 1 Mi elements: {len(rows)} cells *",
         ]
     )

@@ -288,9 +288,11 @@ class Capabilities:
     # what all_reduce makes of NaN and +-inf (exceptional_semantics)
     semantics: dict[Semantic, str] = dataclasses.field(default_factory=dict)
     # what one all_reduce example of 1 Mi elements costs on the live group, drawn, called and checked (the
-    # slowest rank's mean over tiers.SAMPLE), and whether a sweep's every cell at 1 Mi fits --tier-budget
+    # slowest rank's mean over tiers.SAMPLE), what drawing a 1 Mi input costs there (tiers.draw_s, the
+    # budget's scale), and whether a sweep's every cell at 1 Mi fits --tier-budget
     timed: bool = False  # probing.sized has asked; large_example_s is None where it timed nothing
     large_example_s: float | None = None
+    draw_s: float | None = None
     large_cells: int = 0  # all_reduce's, the most cells a sweep has, which the budget must hold
     whole_large_tier: bool = False
     # cases.supported_cells' answers, asked at every draw of every example: (operations, dtypes, ops) ->

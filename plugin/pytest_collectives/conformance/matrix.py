@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_collectives.atomic import write_atomic
-from pytest_collectives.conformance import known_bugs, rotation
+from pytest_collectives.conformance import known_bugs, rotation, tiers
 from pytest_collectives.conformance.mismatches import SILENT
 from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
 from pytest_collectives.conformance.settings import ConformanceSettings
@@ -185,9 +185,11 @@ class CapabilityMatrix:
         if timed:  # what a 1 Mi example cost at each world size, and whether every cell ran at 1 Mi there
             doc["size_tiers"] = {
                 "budget_s": self.settings.tier_budget_s,
+                "draw_ms": tiers.DRAW_S * 1e3,
                 "world_sizes": [
                     {"world_size": n, "large_example_ms": round(caps.large_example_s * 1e3, 1),
-                     "cells": caps.large_cells, "every_cell_at_1mi": caps.whole_large_tier}
+                     "draw_ms": round(caps.draw_s * 1e3, 2), "cells": caps.large_cells,
+                     "every_cell_at_1mi": caps.whole_large_tier}
                     for n, caps in timed.items()
                 ],
             }  # fmt: skip
@@ -566,8 +568,12 @@ def rotation_line(turn: int, world_sizes: list[int], size_tiers: dict[str, Any] 
     if timed:
         costs = ", ".join(f"{t['large_example_ms']:g}" for t in timed.values())
         cells = "/".join(map(str, sorted({t["cells"] for t in timed.values()})))
-        budget = size_tiers["budget_s"]
-        where += f": a 1 Mi example {costs} ms at {_listed(timed)}, {cells} cells in {budget:g} s"
+        draws = ", ".join(f"{t['draw_ms']:g}" for t in timed.values())
+        budget, scale = size_tiers["budget_s"], size_tiers["draw_ms"]
+        where += (
+            f": a 1 Mi example {costs} ms at {_listed(timed)}, {cells} cells in {budget:g} s where a 1 Mi "
+            f"input draws in {scale:g} ms, here in {draws} ms"
+        )
     return (
         f"the sweeps' size tiers at {_listed(tiered)} ranks: every cell at 64 Ki; at 1 Mi every cell where "
         f"the budget holds them, else one ({where})"

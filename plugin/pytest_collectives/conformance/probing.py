@@ -95,13 +95,13 @@ def _timed(config: pytest.Config, found: Capabilities) -> Capabilities:
     if not budget or not sample:
         return dataclasses.replace(found, timed=True)
     most = len(supported_cells(["all_reduce"], DTYPES, REDUCE_OPS, found))  # its sweep's cells
-    (took, *_) = run_on_ranks(
+    ((took, draw), *_) = run_on_ranks(
         config, found.world_size, tiers.large_example_s, cells=sample, size=TIERS[1], most=most,
         budget_s=budget,
     )  # fmt: skip
-    whole = tiers.every_cell_fits(most, took, budget)
+    whole = tiers.every_cell_fits(most, took, draw, budget)
     return dataclasses.replace(
-        found, timed=True, large_example_s=took, large_cells=most, whole_large_tier=whole
+        found, timed=True, large_example_s=took, draw_s=draw, large_cells=most, whole_large_tier=whole
     )
 
 

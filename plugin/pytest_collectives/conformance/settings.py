@@ -24,8 +24,9 @@ OPTIONS = (
            "backends); repeatable, and added to the ini's and the suites' own", metavar="PATH",
            action="append", ini="paths"),
     Option("tier_budget", "seconds all_reduce's every cell at 1 Mi elements may take, at what an example of "
-           "them costs on the live group (timed once per world size): where they fit, every sweep there "
-           "runs every cell at 1 Mi, else one, turning with the run (default "
+           "them costs on the live group (timed once per world size), on a machine that draws a 1 Mi input "
+           f"in {tiers.DRAW_S * 1e3:g} ms (the budget scales with the draw timed there): where they fit, "
+           "every sweep there runs every cell at 1 Mi, else one, turning with the run (default "
            f"{tiers.BUDGET_S:g}; 0: always one; inf: always every cell)", metavar="SECONDS"),
 )  # fmt: skip
 # The session's ConformanceSettings, for probing.sized, which sizes the tiers by its budget.

@@ -3,44 +3,73 @@ turning with the run (``rotation``).
 
 What a 1 Mi example costs is measured once per world size on the live group, before its first sweep
 (``large_example_s``, asked by ``probing.sized``): a few all_reduce examples of 1 Mi elements in different
-dtypes, drawn, called and checked as a sweep's are, the slowest rank's mean. all_reduce's cells (the most
-a sweep has) at that cost either fit ``--tier-budget`` seconds or they do not. At 2 ranks of a small
-machine they do (and on a GPU they should): every cell at every tier. Where a rank shares its core with
-others (3 or more ranks on 2 cores), a 1 Mi example costs about three times as much, every cell at 1 Mi
-would cost the sweeps several times the rest of the run, and one turns instead. The summary line says
-which, per world size, with what was measured.
+dtypes, drawn, called and checked as a sweep's are, the slowest rank's. all_reduce's cells (the most a
+sweep has) at that cost either fit ``--tier-budget`` seconds or they do not. The budget's seconds are a
+machine's that draws a 1 Mi input in DRAW_S; the probe times that draw on the live group (one rank, the
+others waiting) and scales the budget by it, since the rest of the run slows with the machine too. On the
+2-core machine the speed of the one machine swung twice over within minutes, which a budget in plain
+seconds read as the difference between 2 ranks and 3. At 2 ranks of a small machine every cell fits (and
+on a GPU it should): every cell at every tier. Where a rank shares its core with others (3 or more ranks
+on 2 cores), a 1 Mi example costs about twice as many draws, every cell at 1 Mi would cost the sweeps
+several times the rest of the run, and one turns instead. The summary line says which, per world size,
+with what was measured.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
-# --tier-budget's default, in the timed example's terms (a sweep's cell at 1 Mi costs about twice it): on
-# the 2-core machine 59 cells cost 0.7 to 0.9 s at 2 ranks, 1.9 to 2.5 s at 3 (docs/measurements).
-BUDGET_S = 1.2
+# --tier-budget's default, in the timed example's terms (a sweep's cell at 1 Mi costs about twice it), at
+# DRAW_S a draw: on the 2-core machine a 1 Mi example costs 2.9 to 3.6 draws at 2 ranks, 5 to 6.7 at 3
+# (docs/measurements), so 59 cells 1.4 to 1.7 s at 2 ranks and 2.3 to 3.2 s at 3 in these terms.
+BUDGET_S = 2.0
+DRAW_S = 0.008  # a 1 Mi float32 input, Values("full"): the machine the budget is for
 # The cells of the timed examples, those supported: a 4-byte float, a 2-byte one, an integer and a
 # complex, whose drawing and checking cost two to three times float32's.
 SAMPLE = (("float32", "sum"), ("float16", "sum"), ("int32", "max"), ("complex64", "sum"))
+TRIES = 3  # examples timed of each sampled cell
 
 
-def every_cell_fits(cells: int, example_s: float | None, budget_s: float) -> bool:
-    """Whether ``cells`` examples of ``example_s`` seconds each fit ``budget_s``; never where nothing was
-    measured (a backend with no all_reduce to time)."""
-    return example_s is not None and cells * example_s <= budget_s
+def every_cell_fits(cells: int, example_s: float | None, draw_s: float | None, budget_s: float) -> bool:
+    """Whether ``cells`` examples of ``example_s`` seconds each fit ``budget_s`` on a machine that draws a
+    1 Mi input in ``draw_s`` (the budget is in DRAW_S terms); never where nothing was measured (a backend
+    with no all_reduce to time)."""
+    return example_s is not None and draw_s is not None and cells * example_s * DRAW_S <= budget_s * draw_s
+
+
+def draw_s(pg: Any, size: int, seed: int) -> float:
+    """On every rank: the seconds rank 0 took to draw a ``size`` float32 input while the others waited, so
+    that none shared its core: the machine's speed at that moment, not the group's."""
+    import torch
+    import torch.distributed as dist
+
+    from pytest_collectives.algorithms.reference import Values, rank_input
+
+    took = torch.zeros(1, dtype=torch.float64, device=pg.device)
+    dist.barrier()
+    if pg.rank == 0:
+        start = time.perf_counter()
+        rank_input(seed, 0, size, torch.float32, values=Values("full"), op="sum", members=pg.world_size)
+        took += time.perf_counter() - start
+    dist.broadcast(took, 0)
+    return took.item()
 
 
 def large_example_s(
     pg: Any, cells: Sequence[tuple[str, str]], size: int, most: int, budget_s: float
-) -> float:
-    """On every rank: the mean seconds of one all_reduce example of ``size`` elements for each of ``cells``
-    (dtype name, reduce op) the probe found supported, drawn, called and checked as in a sweep, the
-    slowest rank's. Each cell's is the lesser of two tries: a first 1 Mi call of a session, or a moment the
-    machine was busy, once took twice what the sweeps then did. The ranks agree on the mean after each
-    cell, and stop once ``most`` cells at that mean would not fit ``budget_s``: at 8 ranks on 2 cores an
-    example takes 1 to 2 s. A check that fails is timed as one that passes: the sweeps judge the backend,
-    not this."""
+) -> tuple[float, float]:
+    """On every rank: the mean over ``cells`` (dtype name, reduce op) the probe found supported of the
+    median seconds of TRIES all_reduce examples of ``size`` elements, each on its own seed, drawn, called
+    and checked as in a sweep, the slowest rank's; and the median of the ``draw_s`` timed before each. One
+    untimed example comes first: a session's first 1 Mi example took three to six times what later ones
+    did. The median of distinct seeds, not the least of repeats: a repeat reads the inputs its first try
+    left in the group's folder, which no sweep example does. The ranks agree on the mean after each cell,
+    and stop once ``most`` cells at that mean would not fit the budget: at 8 ranks on 2 cores an example
+    takes 1 to 2 s. A check that fails is timed as one that passes: the sweeps judge the backend, not
+    this."""
     import torch
     import torch.distributed as dist
 
@@ -49,23 +78,30 @@ def large_example_s(
     from pytest_collectives.conformance.cases import Case
     from pytest_collectives.conformance.properties import all_reduce_matches_reference
 
-    all_reduce, took, mean = registry.get("all_reduce"), 0.0, 0.0
-    for i, (dtype, op) in enumerate(cells):
-        values = Values("full", i)
-        case = Case(("all_reduce",), getattr(torch, dtype), op, size, "contiguous", None, 0, values)
+    all_reduce = registry.get("all_reduce")
+
+    def example(dtype: str, op: str, seed: int) -> float:
+        case = Case(("all_reduce",), getattr(torch, dtype), op, size, "contiguous", None, 0, Values("full"))
+        pg.begin(seed)
+        start = time.perf_counter()
+        try:
+            all_reduce_matches_reference(pg, all_reduce, case)
+        except AssertionError:
+            pass
+        return time.perf_counter() - start
+
+    example(*cells[0], seed=len(cells) * TRIES)
+    took, mean, draws = 0.0, 0.0, []
+    for i, cell in enumerate(cells):
         tries = []
-        for _ in range(2):
-            pg.begin(i)
-            start = time.perf_counter()
-            try:
-                all_reduce_matches_reference(pg, all_reduce, case)
-            except AssertionError:
-                pass
-            tries.append(time.perf_counter() - start)
-        took += min(tries)
+        for seed in range(i * TRIES, (i + 1) * TRIES):
+            draws.append(draw_s(pg, size, seed))
+            tries.append(example(*cell, seed=seed))
+        took += statistics.median(tries)
+        draw = statistics.median(draws)
         slowest = torch.tensor([took / (i + 1)], dtype=torch.float64, device=pg.device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         mean = slowest.item()
-        if not every_cell_fits(most, mean, budget_s):
+        if not every_cell_fits(most, mean, draw, budget_s):
             break
-    return mean
+    return mean, draw
