@@ -7,12 +7,11 @@ dtypes, drawn, called and checked as a sweep's are, the slowest rank's. all_redu
 sweep has) at that cost either fit ``--tier-budget`` seconds or they do not. The budget's seconds are a
 machine's that draws a 1 Mi input in DRAW_S; the probe times that draw on the live group (one rank, the
 others waiting) and scales the budget by it, since the rest of the run slows with the machine too. On the
-2-core machine the speed of the one machine swung twice over within minutes, which a budget in plain
-seconds read as the difference between 2 ranks and 3. At 2 ranks of a small machine every cell fits (and
-on a GPU it should): every cell at every tier. Where a rank shares its core with others (3 or more ranks
-on 2 cores), a 1 Mi example costs about twice as many draws, every cell at 1 Mi would cost the sweeps
-several times the rest of the run, and one turns instead. The summary line says which, per world size,
-with what was measured.
+2-core machine its speed swung nearly twofold within minutes, which a budget in plain seconds read as the
+difference between 2 ranks and 3. At 2 ranks of a small machine every cell fits (and on a GPU it should):
+every cell at every tier. Where a rank shares its core with others (3 or more ranks on 2 cores), a 1 Mi
+example costs about twice as many draws, every cell at 1 Mi would cost the sweeps several times the rest
+of the run, and one turns instead. The summary line says which, per world size, with what was measured.
 """
 
 from __future__ import annotations
