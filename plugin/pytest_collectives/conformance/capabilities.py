@@ -288,7 +288,7 @@ class Capabilities:
     # what all_reduce makes of NaN and +-inf (exceptional_semantics)
     semantics: dict[Semantic, str] = dataclasses.field(default_factory=dict)
     # what one all_reduce example of 1 Mi elements costs on the live group, drawn, called and checked (the
-    # slowest rank's mean over tiers.SAMPLE), what drawing a 1 Mi input costs there (tiers.draw_s, the
+    # slowest rank's mean over tiers.SAMPLE), what drawing a 1 Mi input costs there (tiers.timed_draw, the
     # budget's scale), and whether a sweep's every cell at 1 Mi fits --tier-budget
     timed: bool = False  # probing.sized has asked; large_example_s is None where it timed nothing
     large_example_s: float | None = None

@@ -39,7 +39,7 @@ def every_cell_fits(cells: int, example_s: float | None, draw_s: float | None, b
     return example_s is not None and draw_s is not None and cells * example_s * DRAW_S <= budget_s * draw_s
 
 
-def draw_s(pg: Any, size: int, seed: int) -> float:
+def timed_draw(pg: Any, size: int, seed: int) -> float:
     """On every rank: the seconds rank 0 took to draw a ``size`` float32 input while the others waited, so
     that none shared its core: the machine's speed at that moment, not the group's."""
     import torch
@@ -62,7 +62,7 @@ def large_example_s(
 ) -> tuple[float, float]:
     """On every rank: the mean over ``cells`` (dtype name, reduce op) the probe found supported of the
     median seconds of TRIES all_reduce examples of ``size`` elements, each on its own seed, drawn, called
-    and checked as in a sweep, the slowest rank's; and the median of the ``draw_s`` timed before each. One
+    and checked as in a sweep, the slowest rank's; and the median of the ``timed_draw`` before each. One
     untimed example comes first: a session's first 1 Mi example took three to six times what later ones
     did. The median of distinct seeds, not the least of repeats: a repeat reads the inputs its first try
     left in the group's folder, which no sweep example does. The ranks agree on the mean after each cell,
@@ -94,7 +94,7 @@ def large_example_s(
     for i, cell in enumerate(cells):
         tries = []
         for seed in range(i * TRIES, (i + 1) * TRIES):
-            draws.append(draw_s(pg, size, seed))
+            draws.append(timed_draw(pg, size, seed))
             tries.append(example(*cell, seed=seed))
         took += statistics.median(tries)
         draw = statistics.median(draws)
