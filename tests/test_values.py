@@ -118,6 +118,20 @@ def test_full_integers_reach_past_32_and_53_bits_and_every_high_bit():
     assert small.abs().max() <= 8
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("values", [Values(), Values("full"), Values("spread")], ids=repr)
+def test_every_dtype_draws_any_shape_empty_ones_too_and_the_same_for_a_seed(dtype, values):
+    ops = [None] + [op for op in REDUCE_OPS if defined(dtype, op)]
+    for op, shape in itertools.product(ops, [0, (0, 3), 1, (5, 3), 1000]):
+        x = rank_input(4, 1, shape, dtype, values=values, op=op, members=3)
+        again = rank_input(4, 1, shape, dtype, values=values, op=op, members=3)
+        assert x.shape == (torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape))
+        assert x.dtype == dtype and torch.equal(x.view(torch.uint8), again.view(torch.uint8))
+        if x.numel() >= 1000:
+            other = rank_input(4, 2, shape, dtype, values=values, op=op, members=3)
+            assert not torch.equal(x.view(torch.uint8), other.view(torch.uint8)), "another rank, other values"
+
+
 @pytest.mark.parametrize("dtype", [*FLOATS, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2])
 def test_moved_floats_hold_every_kind_of_value_but_the_sentinel(dtype):
     x = rank_input(2, 0, 1 << 16, dtype, values=Values("full"), op=None)

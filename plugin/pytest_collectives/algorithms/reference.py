@@ -19,6 +19,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 
+import numpy
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -157,7 +158,8 @@ def rank_input(
     around in small dtypes, and ``reduce_reference`` wraps the same way. Bools are uniform in {False, True}.
     """
     size = (shape,) if isinstance(shape, int) else tuple(shape)
-    gen = torch.Generator().manual_seed(seed * _RANK_STRIDE + rank)
+    # modulo 2**128: a negative seed is a PCG64 seed of its own too
+    gen = numpy.random.PCG64((seed * _RANK_STRIDE + rank) % 2**128)
     if dtype == torch.bool:
         drawn = (_random_bytes(math.prod(size), gen) & 1).bool().view(size)
     elif dtype.is_complex:
@@ -195,25 +197,24 @@ def _signed_by(magnitude: Tensor, words: Tensor) -> Tensor:
     return magnitude
 
 
-def _random_words(size: tuple[int, ...], width: int, gen: torch.Generator) -> Tensor:
+def _random_words(size: tuple[int, ...], width: int, gen: numpy.random.PCG64) -> Tensor:
     """A ``size`` tensor of random signed integers ``width`` bytes wide, each of any bit pattern."""
     signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
     return _random_bytes(width * math.prod(size), gen).view(signed).view(size)
 
 
-def _random_bytes(count: int, gen: torch.Generator) -> Tensor:
-    """``count`` uniform random bytes (uint8). torch's CPU generator gives 64 random bits a draw of an int64
-    over its whole range for about the cost of 32 bits of an int32's (a 1 Mi-element float32 input was
-    drawn in 8 to 14 ms, most of an example's time at that size), so every input is drawn 8 bytes at a time
-    and viewed as its dtype."""
-    words = torch.randint(-(2**63), 2**63 - 1, (-(-count // 8),), generator=gen, dtype=torch.int64)
-    return words.view(torch.uint8)[:count]
+def _random_bytes(count: int, gen: numpy.random.PCG64) -> Tensor:
+    """``count`` uniform random bytes (uint8), 8 at a time from numpy's PCG64, viewed as every input's dtype.
+    Drawing is most of a large example's time, and PCG64 draws 4 MiB in about a third of the time torch's
+    CPU generator takes (2.0 against 5.5 ms on the 2-core machine, docs/measurements/conformance-suite.md);
+    seeding it costs 6 us more, a small input's whole draw."""
+    return torch.from_numpy(gen.random_raw(-(-count // 8)).view(numpy.uint8)[:count])
 
 
 def _full(
     size: tuple[int, ...],
     dtype: torch.dtype,
-    gen: torch.Generator,
+    gen: numpy.random.PCG64,
     values: Values,
     op: str | None,
     members: int,
@@ -244,14 +245,16 @@ def _full(
     # members * |k| < 2**digits (2**(digits-1) under PREMUL_SUM's factor 2): any partial sum is exact
     limit = (2**digits - 1) // members // (2 if op == "premul_sum" else 1)
     step = members if op == "avg" else 1  # x / n is exact too, for a backend that scales first
-    k = _nonzero(max(1, limit // step), size, gen, work) * step
+    k = _nonzero(max(1, limit // step), size, gen, work)
     lo, hi = bottom - digits + 1, top - digits  # from the smallest subnormal to the top of the range
+    # step and the power in one product, in place (exact: step * 2**e is a float of the dtype): at 1 Mi, each
+    # pass through a new tensor cost a tenth of the draw
     if values.kind == "spread":
-        return (k * _spread_powers(lo, hi, math.prod(size), work).view(size)).to(dtype)
-    return (k * 2.0 ** round(values.scale / SCALE * (hi if values.scale > 0 else -lo))).to(dtype)
+        return k.mul_(step).mul_(_spread_powers(lo, hi, math.prod(size), work).view(size)).to(dtype)
+    return k.mul_(step * 2.0 ** round(values.scale / SCALE * (hi if values.scale > 0 else -lo))).to(dtype)
 
 
-def _any_bits(size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> Tensor:
+def _any_bits(size: tuple[int, ...], dtype: torch.dtype, gen: numpy.random.PCG64) -> Tensor:
     """Elements of any bit pattern but a NaN sentinel's (``cases.sentinel``), whose elements would pass
     for unwritten ones; one in each eight, at a random place among them, is a value random bits almost never
     give: +-0, +-inf, the smallest subnormal, the largest finite value."""
@@ -539,21 +542,19 @@ def _digits(dtype: torch.dtype) -> int:
     return 1 - int(math.log2(torch.finfo(dtype).eps))
 
 
-def _nonzero(bound: int, size: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype) -> Tensor:
-    """Integers of ``dtype`` uniform over +-[1, bound], in one draw."""
+def _nonzero(bound: int, size: tuple[int, ...], gen: numpy.random.PCG64, dtype: torch.dtype) -> Tensor:
+    """Numbers of ``dtype`` uniform over the integers +-[1, ``bound``], in one draw: ``bound`` a power of two
+    up to 64, or ``dtype`` a floating one."""
     count = math.prod(size)
     if bound <= 64 and bound & (bound - 1) == 0:  # a byte's low bits, at a fraction of a draw's cost
         drawn = (_random_bytes(count, gen) & (2 * bound - 1)).view(size).to(dtype) - bound
-    elif dtype.is_floating_point:
-        # the magnitude a uniform fraction to the dtype's last mantissa bit, scaled to [1, bound] and
-        # floored, and the word's top bit its sign: half what torch.randint into a float dtype costs
-        bits = _digits(dtype)
-        words = _random_words(size, dtype.itemsize, gen)
-        drawn = (words & ((1 << bits) - 1)).to(dtype).mul_(bound / 2**bits).floor_().add_(1).clamp_(max=bound)
-        return _signed_by(drawn, words)
-    else:
-        drawn = torch.randint(-bound, bound, size, generator=gen, dtype=dtype)
-    return drawn + (drawn >= 0)
+        return drawn + (drawn >= 0)
+    # the magnitude a uniform fraction to the dtype's last mantissa bit, scaled to [1, bound] and floored,
+    # and the word's top bit its sign: half what torch.randint into a float dtype costs
+    bits = _digits(dtype)
+    words = _random_words(size, dtype.itemsize, gen)
+    drawn = (words & ((1 << bits) - 1)).to(dtype).mul_(bound / 2**bits).floor_().add_(1).clamp_(max=bound)
+    return _signed_by(drawn, words)
 
 
 @functools.lru_cache(maxsize=4)
