@@ -550,7 +550,7 @@ def _nonzero(bound: int, size: tuple[int, ...], gen: numpy.random.PCG64, dtype: 
         drawn = (_random_bytes(count, gen) & (2 * bound - 1)).view(size).to(dtype) - bound
         return drawn + (drawn >= 0)
     # the magnitude a uniform fraction to the dtype's last mantissa bit, scaled to [1, bound] and floored,
-    # and the word's top bit its sign: half what torch.randint into a float dtype costs
+    # and the word's top bit its sign: one word an element gives both, with no integer tensor to convert
     bits = _digits(dtype)
     words = _random_words(size, dtype.itemsize, gen)
     drawn = (words & ((1 << bits) - 1)).to(dtype).mul_(bound / 2**bits).floor_().add_(1).clamp_(max=bound)
