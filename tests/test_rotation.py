@@ -154,6 +154,26 @@ def test_the_budget_scales_with_the_machines_draw(example_s: float, draw_s: floa
     assert tiers.every_cell_fits(59, example_s, draw_s, 2.0) is fits
 
 
+@pytest.mark.parametrize(
+    ("cores", "sharing"),
+    [
+        ([(0, [0, 1]), (0, [0, 1])], 1),  # 2 ranks on 2 cores, left to the scheduler: a core each
+        ([(0, [0]), (0, [1]), (0, [0])], 2),  # 3 pinned round 2 cores: two take turns on core 0
+        ([(0, [r % 2]) for r in range(8)], 4),
+        ([(0, [0, 1, 2, 3]), (0, [0, 1, 2, 3]), (0, [0, 1, 2, 3])], 1),  # 3 ranks, 4 cores
+        ([(0, [0, 1]), (0, [0, 1]), (1, [0, 1]), (1, [0, 1])], 1),  # two nodes, each its own cores 0 and 1
+        ([(0, [0]), (0, [0]), (1, [0, 1])], 2),  # the busiest node's
+        ([(0, [])], 1),  # no core said: as one
+    ],
+)
+def test_the_draw_is_shared_by_the_ranks_that_take_turns_on_a_core(
+    cores: list[tuple[int, list[int]]], sharing: int
+) -> None:
+    """The ranks all draw at once, as an example's do; those that outnumber their node's cores take turns,
+    and the slowest rank's time is that of as many draws as ranks share its core."""
+    assert tiers.ranks_a_core(cores) == sharing
+
+
 def test_where_the_budget_holds_them_every_cell_runs_at_1_mi(pytester: pytest.Pytester) -> None:
     """A budget that holds every cell at 1 Mi, as measured on the live group, runs them all there; the
     summary and the JSON say so, with what a 1 Mi example cost."""
