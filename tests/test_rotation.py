@@ -18,7 +18,13 @@ from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import rotation, tiers
 from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS, Capabilities, dtype_name
 from pytest_collectives.conformance.cases import TIERS, _every_cell, supported_cells
-from pytest_collectives.conformance.matrix import NAMED_AT_MOST, short_dtype, tiers_line
+from pytest_collectives.conformance.matrix import (
+    NAMED_AT_MOST,
+    CapabilityMatrix,
+    rotation_line,
+    short_dtype,
+    tiers_line,
+)
 from pytest_collectives.execution import suite_api
 
 SIZES = (2, 3, 4)
@@ -214,6 +220,43 @@ def test_the_budget_puts_the_tiers_at_any_world_size_every_cell_from_the_turn() 
     with running(4, 5, sizes=(2, 5)):  # the largest, where no budget holds them: the cell the seed turns to
         (turned,) = [case for case in _every_cell("all_reduce", rotation.turn()) if case.size == TIERS[1]]
     assert large[0].cells() == turned.cells() and len({case.values.scale for case in large}) > 1
+
+
+@pytest.mark.parametrize(
+    ("workers", "whole"),
+    [
+        ((True, None), True),  # the worker that ran no sweep at 2 ranks timed nothing there
+        ((None, True), True),
+        ((True, False), False),  # one worker's sweeps turned the tier: never "every cell"
+        ((False, True), False),
+    ],
+)
+def test_xdist_workers_hand_their_tier_timing_over_and_a_turned_tier_stands(
+    workers: tuple[bool | None, ...], whole: bool
+) -> None:
+    """Each xdist worker times the 1 Mi tier on its own groups: the controller's JSON and summary say what
+    they measured (they said "one a sweep" where every cell had run), and where one worker's sweeps
+    turned the tier and another's ran every cell, that it turned."""
+
+    def export(whole: bool | None) -> dict[str, object]:
+        matrix = CapabilityMatrix(None, "gloo", worker=True)
+        probed = Capabilities("gloo", "cpu", 2, {("all_reduce", "float32", "sum"): ""})
+        if whole is not None:
+            probed = dataclasses.replace(
+                probed, timed=True, large_example_s=0.03 if whole else 0.09, draw_s=0.008, large_cells=59,
+                whole_large_tier=whole,
+            )  # fmt: skip
+        matrix.add_probe(probed)
+        return json.loads(json.dumps(matrix.export()))
+
+    controller = CapabilityMatrix(None, "gloo")
+    for worker in workers:
+        controller.merge(export(worker))
+    tiers_doc = controller.document()["size_tiers"]
+    (timed,) = tiers_doc["world_sizes"]
+    assert timed["every_cell_at_1mi"] is whole and timed["large_example_ms"] == (30.0 if whole else 90.0)
+    said = "every cell at 2 ranks: a 1 Mi example" if whole else "one a sweep at 2: a 1 Mi example"
+    assert said in rotation_line(1, [2], tiers_doc)
 
 
 def test_a_run_of_no_sized_example_says_nothing_of_the_tiers(pytester: pytest.Pytester) -> None:

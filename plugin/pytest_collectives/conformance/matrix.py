@@ -276,6 +276,7 @@ class CapabilityMatrix:
                     "cells": [[*cell, reason] for cell, reason in c.cells.items()],
                     "withheld": [[*cell, reason] for cell, reason in c.withheld.items()],
                     "semantics": [[*key, behaviour] for key, behaviour in c.semantics.items()],
+                    "tiers": [c.timed, c.large_example_s, c.draw_s, c.large_cells, c.whole_large_tier],
                 }
                 for (configuration, _), c in self.probes.items()
             ],
@@ -294,12 +295,13 @@ class CapabilityMatrix:
         for probe in exported["probes"]:
             cells, withheld = ({(o, d, r): why for o, d, r, why in probe[k]} for k in ("cells", "withheld"))
             semantics = {(o, d, r, v): what for o, d, r, v, what in probe["semantics"]}
-            self.add_probe(
-                Capabilities(
-                    probe["backend"], probe["device_type"], probe["world_size"], cells, withheld, semantics
-                ),
-                probe["configuration"],
-            )
+            timed, took, draw, most, whole = probe["tiers"]
+            caps = Capabilities(
+                probe["backend"], probe["device_type"], probe["world_size"], cells, withheld, semantics,
+                timed=timed, large_example_s=took, draw_s=draw, large_cells=most, whole_large_tier=whole,
+            )  # fmt: skip
+            held = self.probes.get((probe["configuration"], caps.world_size))
+            self.add_probe(_turned_first(held, caps), probe["configuration"])
         for where, operation, dtype, op, counts in exported["tallies"]:
             key = (where, (operation, dtype, op))
             self.tallies[key] = _added(self.tallies.get(key, _Tally()), _Tally(**counts))
@@ -549,6 +551,15 @@ def tier_of(largest: int) -> str:
     from pytest_collectives.conformance.cases import TIERS  # hypothesis' strategies: not at import
 
     return "1M" if largest >= TIERS[1] else "64K" if largest >= TIERS[0] else ""
+
+
+def _turned_first(held: Capabilities | None, caps: Capabilities) -> Capabilities:
+    """Of two xdist workers' probes of one world size, each timed on its own group, the one whose sweeps
+    turned the 1 Mi tier, if either's did: the summary must not say every cell ran at 1 Mi there when one
+    worker's tests ran one (the cells' ``largest`` says which ran where); else the one that timed it."""
+    if held is None or not held.timed or (caps.timed and held.whole_large_tier and not caps.whole_large_tier):
+        return caps
+    return held
 
 
 def rotation_line(turn: int, world_sizes: list[int], size_tiers: dict[str, Any] | None = None) -> str:
