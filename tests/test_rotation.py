@@ -238,13 +238,13 @@ def test_xdist_workers_hand_their_tier_timing_over_and_a_turned_tier_stands(
     they measured (they said "one a sweep" where every cell had run), and where one worker's sweeps
     turned the tier and another's ran every cell, that it turned."""
 
-    def export(whole: bool | None) -> dict[str, object]:
+    def export(every_cell: bool | None) -> dict[str, object]:
         matrix = CapabilityMatrix(None, "gloo", worker=True)
         probed = Capabilities("gloo", "cpu", 2, {("all_reduce", "float32", "sum"): ""})
-        if whole is not None:
+        if every_cell is not None:
             probed = dataclasses.replace(
-                probed, timed=True, large_example_s=0.03 if whole else 0.09, draw_s=0.008, large_cells=59,
-                whole_large_tier=whole,
+                probed, timed=True, large_example_s=0.03 if every_cell else 0.09, draw_s=0.008,
+                large_cells=59, whole_large_tier=every_cell,
             )  # fmt: skip
         matrix.add_probe(probed)
         return json.loads(json.dumps(matrix.export()))
