@@ -17,7 +17,6 @@ of the run, and one turns instead. The summary line says which, per world size, 
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -93,6 +92,7 @@ def large_example_s(
     from pytest_collectives.algorithms.reference import Values
     from pytest_collectives.conformance.cases import Case
     from pytest_collectives.conformance.properties import all_reduce_matches_reference
+    from pytest_collectives.topology.detect import usable_cores
 
     all_reduce = registry.get("all_reduce")
 
@@ -108,7 +108,7 @@ def large_example_s(
 
     example(*cells[0], seed=len(cells) * TRIES)
     seen: list[Any] = [None] * pg.world_size
-    dist.all_gather_object(seen, (pg.node_of(pg.rank), sorted(_cores())))
+    dist.all_gather_object(seen, (pg.node_of(pg.rank), sorted(usable_cores())))
     sharing = ranks_a_core(seen)
     took, mean, draws = 0.0, 0.0, []
     for i, cell in enumerate(cells):
@@ -124,8 +124,3 @@ def large_example_s(
         if not every_cell_fits(most, mean, draw, budget_s):
             break
     return mean, draw
-
-
-def _cores() -> set[int]:
-    """The cores this process may run on."""
-    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))

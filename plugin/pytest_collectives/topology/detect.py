@@ -54,11 +54,16 @@ def detect_cpu(
     if not packages:
         packages = set(re.findall(r"^physical id\s*:\s*(\d+)", text, flags=re.M))
     nodes = [p for p in sys_root.glob("node/node*") if re.fullmatch(r"node\d+", p.name)]
-    # The cores this process may run on, not the host's: a container or taskset limits what ranks get.
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return CpuInfo(
-        model=model, logical_cores=cores, sockets=max(1, len(packages)), numa_nodes=max(1, len(nodes))
-    )
+        model=model, logical_cores=len(usable_cores()), sockets=max(1, len(packages)),
+        numa_nodes=max(1, len(nodes)),
+    )  # fmt: skip
+
+
+def usable_cores() -> set[int]:
+    """The cores this process may run on, not the host's: a container or taskset limits what ranks get
+    (every core the host counts, where the platform has no affinity to ask)."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
 
 
 @dataclasses.dataclass(frozen=True)
