@@ -758,6 +758,64 @@ def test_a_rank_and_the_threads_it_starts_run_in_the_shortest_slice(pytester: py
     pytester.runpytest().assert_outcomes(passed=1)
 
 
+def test_a_thread_named_as_a_spinning_backend_loop_is_made_idle_and_no_other() -> None:
+    import ctypes
+    import threading
+
+    from pytest_collectives.execution.ranks.scheduling import SPINNING_LOOPS, LoopsYield
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    go = threading.Event()
+    tids: dict[str, int] = {}
+
+    def named(name: str) -> None:
+        prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME, as gloo names its loop thread
+        tids[name] = threading.get_native_id()
+        go.wait(30)
+
+    loop_name = next(iter(SPINNING_LOOPS))
+    threads = [threading.Thread(target=named, args=(name,)) for name in (loop_name, "pt_gloo_runloop")]
+    for thread in threads:
+        thread.start()
+    try:
+        while len(tids) < 2:
+            time.sleep(0.01)
+        LoopsYield().settle()
+        assert os.sched_getscheduler(tids[loop_name]) == os.SCHED_IDLE
+        assert os.sched_getscheduler(tids["pt_gloo_runloop"]) == os.SCHED_OTHER
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    finally:
+        go.set()
+        for thread in threads:
+            thread.join()
+
+
+def test_the_backend_loops_of_a_rank_and_of_its_subgroups_run_idle(pytester: pytest.Pytester) -> None:
+    # gloo's loop thread spins while another thread holds its pair's lock; idle, it yields to the holder.
+    make(
+        pytester,
+        """
+        def policies():
+            found = {}
+            for task in os.listdir("/proc/self/task"):
+                name = open(f"/proc/self/task/{task}/comm").read().strip()
+                found.setdefault(name, []).append(os.sched_getscheduler(int(task)))
+            return found
+
+        @pytest.mark.world_size(2)
+        def test_a_subgroup(pg):
+            dist.all_reduce(torch.ones(1), group=pg.new_group([0, 1]))
+
+        @pytest.mark.world_size(2)
+        def test_loops(pg):
+            found = policies()
+            assert found.pop("gloo_tcp_loop") == [os.SCHED_IDLE] * 2  # the world's and the subgroup's
+            assert {policy for policies in found.values() for policy in policies} == {os.SCHED_OTHER}
+        """,
+    )
+    pytester.runpytest("-p", "no:randomly").assert_outcomes(passed=2)
+
+
 def test_ranks_see_the_environment_pytest_has_when_their_group_starts(pytester: pytest.Pytester) -> None:
     make(
         pytester,
