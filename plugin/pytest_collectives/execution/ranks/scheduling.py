@@ -63,7 +63,7 @@ class LoopsYield:
     its callers are blocked on it then.
 
     ``settle`` is called after the group starts and after each test; it looks for new loops (a subgroup's)
-    only when the process has more threads than it had, which costs a ``stat`` of ``/proc/self/task``.
+    only when the number of the process's threads changed, which costs a ``stat`` of ``/proc/self/task``.
     """
 
     def __init__(self) -> None:
