@@ -809,11 +809,19 @@ def test_the_backend_loops_of_a_rank_and_of_its_subgroups_run_idle(pytester: pyt
         @pytest.mark.world_size(2)
         def test_loops(pg):
             found = policies()
+            if "gloo_tcp_loop" not in found:
+                pytest.skip(f"torch {torch.__version__}'s gloo names no thread: its loops keep their class")
             assert found.pop("gloo_tcp_loop") == [os.SCHED_IDLE] * 2  # the world's and the subgroup's
             assert {policy for policies in found.values() for policy in policies} == {os.SCHED_OTHER}
         """,
     )
-    pytester.runpytest("-p", "no:randomly").assert_outcomes(passed=2)
+    outcomes = pytester.runpytest("-p", "no:randomly").parseoutcomes()
+    import torch
+
+    # torch 2.13's gloo names its loop threads and the floor's 2.2 does not; those between may do either
+    older = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13)
+    ran = (outcomes.get("passed"), outcomes.get("skipped"))
+    assert ran == (2, None) or (older and ran == (1, 1))
 
 
 def test_ranks_see_the_environment_pytest_has_when_their_group_starts(pytester: pytest.Pytester) -> None:
