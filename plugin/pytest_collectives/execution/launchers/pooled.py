@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ from pytest_collectives.execution.configurations import Env
 from pytest_collectives.execution.messages import Task
 from pytest_collectives.execution.options import Settings
 from pytest_collectives.execution.outcome import GroupOutcome
+from pytest_collectives.topology.detect import usable_cores
 
 
 def oversubscribed(cores: int) -> str:
@@ -47,7 +47,7 @@ class PooledLauncher:
         if gpus:
             return gpus, f"needs {{n}} GPUs; --gpus is {gpus}"
         if "benchmark" in metafunc.fixturenames:
-            cores = len(os.sched_getaffinity(0))
+            cores = len(usable_cores())
             return cores, oversubscribed(cores)
         return None, ""
 

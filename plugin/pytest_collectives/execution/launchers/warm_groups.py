@@ -41,6 +41,7 @@ from pytest_collectives.execution.outcome import (
 from pytest_collectives.execution.ranks.context import STACK_SIGNAL, rank_files, tasks_taken
 from pytest_collectives.execution.ranks.pending import probe_group
 from pytest_collectives.execution.ranks.worker import worker_main
+from pytest_collectives.topology.detect import usable_cores
 
 PROBE_TIMEOUT_S = 5.0  # how long a group gets to answer whether a raise left it unfit (GroupPool._asked)
 FAILURE_GRACE_S = 2.0  # how long the other ranks get to finish after one fails before they count as hung
@@ -378,7 +379,7 @@ class GroupPool:
 
     def spec_for(self, world_size: int, env: Env = ()) -> GroupSpec:
         devices = group_devices(world_size, os.environ.get("CUDA_VISIBLE_DEVICES")) if self.gpus else ()
-        cores = sorted(os.sched_getaffinity(0))
+        cores = sorted(usable_cores())
         workdir = tempfile.mkdtemp(prefix=f"ws{world_size}-", dir=self.root)
         return GroupSpec(
             world_size=world_size,
