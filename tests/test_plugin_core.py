@@ -758,6 +758,81 @@ def test_a_rank_and_the_threads_it_starts_run_in_the_shortest_slice(pytester: py
     pytester.runpytest().assert_outcomes(passed=1)
 
 
+def test_a_thread_named_as_a_spinning_backend_loop_is_put_in_the_batch_class_and_no_other() -> None:
+    import ctypes
+    import threading
+
+    from pytest_collectives.execution.ranks.scheduling import SPINNING_LOOPS, LoopsYield
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    go = threading.Event()
+    tids: dict[str, int] = {}
+    loop_name = next(iter(SPINNING_LOOPS))
+
+    def named(label: str, name: str, policy: int) -> None:
+        prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME, as gloo names its loop thread
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+        tids[label] = threading.get_native_id()
+        go.wait(30)
+
+    kinds = {
+        "loop": (loop_name, os.SCHED_OTHER),
+        "other": ("pt_gloo_runloop", os.SCHED_OTHER),
+        "chosen": (loop_name, os.SCHED_IDLE),  # a class someone chose: kept
+    }
+    threads = [threading.Thread(target=named, args=(label, *kind)) for label, kind in kinds.items()]
+    for thread in threads:
+        thread.start()
+    try:
+        while len(tids) < len(kinds):
+            time.sleep(0.01)
+        LoopsYield().settle()
+        assert os.sched_getscheduler(tids["loop"]) == os.SCHED_BATCH
+        assert os.sched_getscheduler(tids["other"]) == os.SCHED_OTHER
+        assert os.sched_getscheduler(tids["chosen"]) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    finally:
+        go.set()
+        for thread in threads:
+            thread.join()
+
+
+def test_the_backend_loops_of_a_rank_and_of_its_subgroups_run_in_the_batch_class(
+    pytester: pytest.Pytester,
+) -> None:
+    # gloo's loop thread spins while another thread holds its pair's lock; batch, it never preempts the holder
+    make(
+        pytester,
+        """
+        def policies():
+            found = {}
+            for task in os.listdir("/proc/self/task"):
+                name = open(f"/proc/self/task/{task}/comm").read().strip()
+                found.setdefault(name, []).append(os.sched_getscheduler(int(task)))
+            return found
+
+        @pytest.mark.world_size(2)
+        def test_a_subgroup(pg):
+            dist.all_reduce(torch.ones(1), group=pg.new_group([0, 1]))
+
+        @pytest.mark.world_size(2)
+        def test_loops(pg):
+            found = policies()
+            if "gloo_tcp_loop" not in found:
+                pytest.skip(f"torch {torch.__version__}'s gloo names no thread: its loops keep their class")
+            assert found.pop("gloo_tcp_loop") == [os.SCHED_BATCH] * 2  # the world's and the subgroup's
+            assert {policy for policies in found.values() for policy in policies} == {os.SCHED_OTHER}
+        """,
+    )
+    outcomes = pytester.runpytest("-p", "no:randomly").parseoutcomes()
+    import torch
+
+    # torch 2.13's gloo names its loop threads and the floor's 2.2 does not; those between may do either
+    older = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13)
+    ran = (outcomes.get("passed"), outcomes.get("skipped"))
+    assert ran == (2, None) or (older and ran == (1, 1))
+
+
 def test_ranks_see_the_environment_pytest_has_when_their_group_starts(pytester: pytest.Pytester) -> None:
     make(
         pytester,

@@ -16,7 +16,10 @@ round alternate between the kinds, so a machine that slows down for a while slow
 - ``bare2``/``bare8``: the same all_reduce in a bare loop of 2000 on 2 and 8 spawned ranks, no pytest: the
   backend call's own cost, which an example cannot go below; ``bare8x97`` and the like: of 97 elements
   (gloo at 8 ranks on 2 cores: 3 ms a call for one element, 13 to 21 ms for 8 and more); ending in ``p``
-  (``bare8x97p``), each rank kept to one core as the harness places ranks that outnumber the cores;
+  (``bare8x97p``), each rank kept to one core as the harness places ranks that outnumber the cores; with
+  ``g`` (``bare2g``), each call after 1 ms of sleep, as a test's first call comes after pytest's work
+  (only the calls timed); with ``b`` (``bare2gb``), gloo's event loops in the batch class, as the harness
+  runs them (``scheduling.LoopsYield``);
 - ``phases2``/``phases8``: a warm group of 2 or 8 ranks driven directly (no pytest), an empty test and
   the all_reduce test, split by the clock readings each rank returns (``RankResult.timeline``): from
   pytest's send to the first and the last rank taking the task, the rank's work before the body, the
@@ -107,32 +110,39 @@ def test_example(pg, i):
 BARE_ITERATIONS = int(os.environ.get("BARE_ITERATIONS", 2000))
 
 
-def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any, pinned: bool) -> None:
+def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any, flags: str) -> None:
     import torch
     import torch.distributed as dist
 
     from pytest_collectives.execution.launchers.warm_groups import rank_cores
-    from pytest_collectives.execution.ranks.scheduling import keep_to_core
+    from pytest_collectives.execution.ranks.scheduling import LoopsYield, keep_to_core
 
-    keep_to_core(rank_cores(sorted(os.sched_getaffinity(0)), n) if pinned else (), rank)
+    keep_to_core(rank_cores(sorted(os.sched_getaffinity(0)), n) if "p" in flags else (), rank)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     t = torch.ones(elements)
     for _ in range(50):  # warm-up
         dist.all_reduce(t)
+    if "b" in flags:
+        LoopsYield().settle()
+    gap_s = 1e-3 if "g" in flags else 0.0
     dist.barrier()
-    start = time.perf_counter()
+    calls = 0.0
     for _ in range(BARE_ITERATIONS):
+        if gap_s:
+            time.sleep(gap_s)
+        start = time.perf_counter()
         dist.all_reduce(t)
-    elapsed = time.perf_counter() - start
+        calls += time.perf_counter() - start
     if rank == 0:
-        answer.put(elapsed / BARE_ITERATIONS)
+        answer.put(calls / BARE_ITERATIONS)
     dist.destroy_process_group()
 
 
-def bare(n: int, elements: int = 1, pinned: bool = False) -> float:
-    """Seconds per all_reduce of ``elements`` float32 elements in a bare loop of ``n`` spawned gloo ranks,
-    ``pinned`` as the harness pins them (pool.rank_cores)."""
+def bare(n: int, elements: int = 1, flags: str = "") -> float:
+    """Seconds per all_reduce of ``elements`` float32 elements in a bare loop of ``n`` spawned gloo ranks;
+    ``flags`` as the kinds' suffixes say (p: pinned as the harness pins ranks, g: a gap before each call, b:
+    gloo's loops in the batch class)."""
     import socket
 
     import torch.multiprocessing as mp
@@ -141,7 +151,7 @@ def bare(n: int, elements: int = 1, pinned: bool = False) -> float:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     answer = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_bare_rank, args=(n, elements, port, answer, pinned), nprocs=n, start_method="spawn")
+    mp.start_processes(_bare_rank, args=(n, elements, port, answer, flags), nprocs=n, start_method="spawn")
     return answer.get()
 
 
@@ -219,8 +229,9 @@ def main() -> None:
                     split.setdefault(f"{name} test at {n} ranks", []).append(phases(n, body, args.tests))
                 continue
             if kind.startswith("bare"):
-                ranks, _, elements = kind.removeprefix("bare").removesuffix("p").partition("x")
-                per_test[kind].append(bare(int(ranks), int(elements or 1), kind.endswith("p")))
+                shape = kind.removeprefix("bare").rstrip("pgb")
+                ranks, _, elements = shape.partition("x")
+                per_test[kind].append(bare(int(ranks), int(elements or 1), kind.removeprefix(f"bare{shape}")))
                 continue
             one, few = session(directory, kind, 1)
             many, ran = session(directory, kind, args.tests)

@@ -31,7 +31,7 @@ from pytest_collectives.execution.ranks.context import STACK_SIGNAL, RankContext
 from pytest_collectives.execution.ranks.faults import inject_fault
 from pytest_collectives.execution.ranks.hygiene import Capture, die_with_controller, die_with_parent
 from pytest_collectives.execution.ranks.pending import track_async_ops
-from pytest_collectives.execution.ranks.scheduling import keep_to_core, short_slices
+from pytest_collectives.execution.ranks.scheduling import LoopsYield, keep_to_core, short_slices
 
 
 def _init_process_group(spec: GroupSpec, rank: int, device: torch.device) -> None:
@@ -88,6 +88,8 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
         conn.send(("refused", traceback.format_exc()))
         os._exit(1)
     shared_inputs.share_in(os.path.join(spec.workdir, "inputs"))  # the group's ranks share one machine
+    loops = LoopsYield()
+    loops.settle()
     conn.send(("ready", rank))
     while True:
         try:
@@ -102,5 +104,6 @@ def worker_main(spec: GroupSpec, rank: int, conn: Connection) -> None:
         result = run_task(task, ctx, capture, statm)
         result.timeline = (took, *result.timeline, time.perf_counter())
         conn.send(("result", result))
+        loops.settle()
         inject_fault("between", rank)
     os._exit(0)  # skip interpreter teardown: torch's atexit hooks can block on a broken group
