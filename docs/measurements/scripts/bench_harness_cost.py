@@ -116,8 +116,9 @@ def _bare_rank(rank: int, n: int, elements: int, port: int, answer: Any, flags: 
 
     from pytest_collectives.execution.launchers.warm_groups import rank_cores
     from pytest_collectives.execution.ranks.scheduling import LoopsYield, keep_to_core
+    from pytest_collectives.topology.detect import usable_cores
 
-    keep_to_core(rank_cores(sorted(os.sched_getaffinity(0)), n) if "p" in flags else (), rank)
+    keep_to_core(rank_cores(sorted(usable_cores()), n) if "p" in flags else (), rank)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     t = torch.ones(elements)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import pickle
 import sys
 import zlib
 from collections.abc import Callable, Mapping
@@ -71,6 +72,18 @@ class Task:
             world_size=world_size,
             timeout_s=timeout_s,
         )
+
+
+def packed(task: Task) -> bytes:
+    """``task`` pickled, as the pipes carry it. The session packs each task to learn that it can be sent
+    (in both modes: a test that runs under torchrun must run pooled too), and the pooled launcher sends
+    those bytes rather than pickling it again: the last task's are kept."""
+    if _packed[0] is not task:
+        _packed[:] = [task, pickle.dumps(task)]
+    return _packed[1]
+
+
+_packed: list[Any] = [None, b""]  # the last task packed, and its bytes
 
 
 PASSED = "passed"

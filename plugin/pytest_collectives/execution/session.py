@@ -34,7 +34,7 @@ from pytest_collectives.execution.hypothesis_calls import (
     replay_hypothesis_calls,
     stable_seed,
 )
-from pytest_collectives.execution.messages import REJECTED, Task
+from pytest_collectives.execution.messages import REJECTED, Task, packed
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
 from pytest_collectives.execution.suite_api import PARAMS, SIZES, OnRanks
 
@@ -235,7 +235,7 @@ class DistributedSession:
             env=self.configuration.env,
         )
         try:
-            pickle.dumps(task)  # in both modes, so a test that runs under torchrun also runs pooled
+            packed(task)
         except Exception as exc:
             names = ", ".join(k for k, v in shipped.items() if not _picklable(v))
             pytest.fail(

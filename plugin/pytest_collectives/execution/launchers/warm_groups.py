@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import pickle
 import select
 import shutil
 import signal
@@ -27,7 +26,7 @@ from pytest_collectives.algorithms import registry
 from pytest_collectives.backend_declarations import refused_in
 from pytest_collectives.execution.configurations import Configuration, Env, Rejected
 from pytest_collectives.execution.launchers.forkserver import forkserver_context
-from pytest_collectives.execution.messages import FAILED, PASSED, GroupSpec, RankResult, Task
+from pytest_collectives.execution.messages import FAILED, PASSED, GroupSpec, RankResult, Task, packed
 from pytest_collectives.execution.outcome import (
     CRASHED,
     HUNG,
@@ -80,11 +79,12 @@ class WorkerGroup:
             self.conns.append(parent_conn)
         # each rank's pipe, and its process's sentinel (readable once it has exited)
         self._rank_of = {fd: rank for rank in range(spec.world_size) for fd in self._fds(rank)}
+        self._watch = _poller(self._rank_of)  # asked before each test: built once
 
     def dead(self) -> list[RankReport]:
         """The ranks that died since their last answer. Such a rank is seen by its pipe at EOF at once (a
         readable pipe with no task in flight can only be EOF), before the forkserver reaps it."""
-        ranks = {self._rank_of[fd] for fd in _readable(self._rank_of)}
+        ranks = {self._rank_of[fd] for fd, _ in self._watch.poll(0)}
         return [self._crashed(rank) for rank in sorted(ranks)]
 
     def _fds(self, rank: int) -> tuple[int, int]:
@@ -100,7 +100,7 @@ class WorkerGroup:
         return None if outcome.verdict() == "passed" else outcome
 
     def run(self, task: Task, timeout_s: float) -> tuple[GroupOutcome, list[RankResult]]:
-        payload = pickle.dumps(task)
+        payload = packed(task)
         self.sent += 1
         self.lost = []
         # A larger task blocks its writer until the rank reads it, and a live rank that stopped reading
@@ -140,19 +140,18 @@ class WorkerGroup:
         failed_at = 0.0
         deadline = time.monotonic() + timeout_s
         # one poll object for the whole wait: multiprocessing's wait() builds a selector at each call
-        poller = select.poll()
-        for fd in self._rank_of:
-            poller.register(fd, select.POLLIN)
+        poller = _poller(self._rank_of)
         while len(reports) < n and not self.lost:
             limit = min(deadline, failed_at + FAILURE_GRACE_S) if failures else deadline
             ready = poller.poll(max(0, math.ceil((limit - time.monotonic()) * 1e3)))
             if not ready:
                 break
+            readable = {fd for fd, _ in ready}
             for fd, _ in ready:
                 rank = self._rank_of[fd]
                 if rank in reports:
                     continue
-                reports[rank] = report = self._receive(rank, results)
+                reports[rank] = report = self._receive(rank, results, self.conns[rank].fileno() in readable)
                 for answered in self._fds(rank):
                     poller.unregister(answered)
                 if results is not None and report.status == CRASHED and not self.took_it(rank):
@@ -180,10 +179,11 @@ class WorkerGroup:
         """Whether ``rank`` took the task in flight (a rank that died before did not die in the test)."""
         return self.taken[rank] == self.sent
 
-    def _receive(self, rank: int, results: list[RankResult] | None) -> RankReport:
+    def _receive(self, rank: int, results: list[RankResult] | None, said: bool) -> RankReport:
+        """What ``rank`` answered, or its crash; ``said``: the poll just found its pipe readable."""
         conn = self.conns[rank]
         try:
-            if _readable([conn.fileno()]):  # not only the process's exit
+            if said or _readable([conn.fileno()]):  # not only the process's exit
                 kind, payload = conn.recv()
                 if kind == "ready":
                     return RankReport(rank, "passed")
@@ -244,7 +244,7 @@ class WorkerGroup:
             proc.join(timeout=5.0)
         for conn in self.conns:
             conn.close()
-        self.procs, self.conns, self._rank_of = [], [], {}
+        self.procs, self.conns, self._rank_of, self._watch = [], [], {}, _poller(())
         shutil.rmtree(self.spec.workdir, ignore_errors=True)
 
     def stop(self) -> None:
@@ -287,12 +287,17 @@ def _last_line(report: RankReport | None, otherwise: str) -> str:
 
 
 def _readable(fds: Iterable[int]) -> list[int]:
-    """Those of ``fds`` that can be read now (a message, EOF, or an exited process's sentinel). By poll, as
-    below: select() can't take a descriptor numbered 1024 or more, which a long session may hand out."""
+    """Those of ``fds`` that can be read now (a message, EOF, or an exited process's sentinel)."""
+    return [fd for fd, _ in _poller(fds).poll(0)]
+
+
+def _poller(fds: Iterable[int]) -> select.poll:
+    """A poll object watching ``fds`` for reading. By poll: select() can't take a descriptor numbered 1024
+    or more, which a long session may hand out."""
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
-    return [fd for fd, _ in poller.poll(0)]
+    return poller
 
 
 def _send(conn: Connection, payload: bytes) -> None:
