@@ -70,10 +70,11 @@ def test_exactly_reducible_floats_reduce_exactly_in_any_order(
     assert_reduced_close(result, inputs, op, values)  # the bound where exactness is not claimed
 
 
-@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.bool], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_an_exact_result_folded_in_its_own_dtype_is_the_widened_reference_bit_for_bit(dtype):
     """assert_reduced_close folds an exact reduction in the inputs' dtype (no widened copy): two's
-    complement wraps alike in any width, and exactly reducible floats have nothing to round."""
+    complement wraps alike in any width, exactly reducible floats have nothing to round, and bools fold
+    by their logic."""
     values = (Values("full", 0), Values("full", SCALE), Values("full", -SCALE), Values("spread"))
     checked = 0
     for op, drawn, n in itertools.product(REDUCE_OPS, values, (2, 3, 4, 8)):
