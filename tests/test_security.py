@@ -129,7 +129,13 @@ UNPICKLING = re.compile(
     r"\bpickle\.loads?\(|Unpickler|\bmarshal\.loads?\(|\b(c?loud)?pickle\.|\bdill\.|\bshelve\.|"
     r"\byaml\.(unsafe_)?load|\btorch\.load\(|\.recv\(\)"
 )
-CONTROL_CHANNEL = {"execution/launchers/warm_groups.py", "execution/ranks/worker.py", "execution/session.py"}
+# the pipes' ends and their messages (messages.packed pickles a task for both)
+CONTROL_CHANNEL = {
+    "execution/launchers/warm_groups.py",
+    "execution/ranks/worker.py",
+    "execution/session.py",
+    "execution/messages.py",
+}
 PACKAGE = Path(pytest_collectives.__file__).parent
 
 
