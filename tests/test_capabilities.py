@@ -278,6 +278,37 @@ MUTANTS = [
         "channels_last",
         "*channels_last all_gather: rank * part on rank*",
     ),
+    # right results, with the caller's input or the memory around its view spoiled
+    (
+        "mutant_reduce_scatter_in_its_input",
+        "test_operations.py",
+        "test_reduce_scatter_list",
+        "*reduce_scatter's input for group rank * (which the call must only read): *",
+    ),
+    (
+        "mutant_all_gather_through_its_input",
+        "test_operations.py",
+        "test_all_gather_list",
+        "*all_gather's input on group rank * (which the call must only read): *",
+    ),
+    (
+        "mutant_all_to_all_through_its_input",
+        "test_every_cell.py",
+        "all_to_all and every_supported_cell",
+        "*all_to_all_single's input on group rank * (which the call must only read): *",
+    ),
+    (
+        "mutant_send_encodes_in_place",
+        "test_point_to_point.py",
+        "test_receiver_sees_exactly_what_was_sent",
+        "*rank *'s tensor sent * to rank * (which the call must only read): *",
+    ),
+    (
+        "mutant_whole_vectors_reduced",
+        "test_all_reduce.py",
+        "test_all_reduce_matches_exact_reference",
+        "*all_reduce on rank *: * element(s) written outside the tensor, in the buffer it is a view of*",
+    ),
 ]
 
 

@@ -25,7 +25,7 @@ from pytest_collectives.algorithms.reference import (
     reduce_reference,
 )
 from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS
-from pytest_collectives.conformance.cases import assert_moved, sentinel
+from pytest_collectives.conformance.cases import assert_moved, assert_unchanged, laid_out, sentinel
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 FULL = st.one_of(
@@ -188,6 +188,32 @@ def test_one_byte_changed_is_caught_in_every_layout(dtype, layout):
         out.view(torch.uint8)[last * x.element_size() + byte] ^= 0x10
         with pytest.raises(AssertionError, match=rf"1 of {actual.numel()} elements wrong"):
             assert_moved(actual, expected, layout)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("layout", ["strided", "offset"])
+def test_one_byte_written_outside_a_laid_out_view_is_caught(dtype, layout):
+    """A view laid out in a larger buffer passes as laid out, whether it holds an input or the sentinel;
+    one byte changed in the buffer just before it, in a gap or just after it fails its check, naming the
+    write outside the tensor, and so does its input left spoiled."""
+    x = rank_input(5, 0, 9, dtype, values=Values("full"), op=None)
+    for held in (x, sentinel(9, dtype, "cpu")):
+        view = laid_out(held, layout, "cpu")
+        assert_moved(view, held, layout)
+        storage = torch.empty(0, dtype=torch.uint8).set_(view.untyped_storage())
+        first, step = view.storage_offset(), view.stride(0)
+        inside = range(first, first + 9 * step, step)
+        places = [first - 1, first + 1, first + 8 * step + 1]  # before it, in a gap, after it
+        places = [p for p in places if 0 <= p < len(storage) // dtype.itemsize and p not in inside]
+        assert len(places) == 2  # strided: a gap and after it; offset: before it and after it
+        for outside in places:
+            storage[outside * dtype.itemsize] ^= 0x10
+            with pytest.raises(AssertionError, match="1 element.s. written outside the tensor"):
+                assert_moved(view, held, layout)
+            storage[outside * dtype.itemsize] ^= 0x10
+        storage[first * dtype.itemsize] ^= 0x01  # the view's first element (a bool stays one)
+        with pytest.raises(AssertionError, match=r"\(which the call must only read\): 1 of 9 elements wrong"):
+            assert_unchanged(view, held, layout)
 
 
 def through_float16(xs: list[torch.Tensor]) -> torch.Tensor:

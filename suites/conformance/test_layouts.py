@@ -31,8 +31,12 @@ from pytest_collectives import (
     all_gather_single,
     assert_moved,
     assert_reduced_close,
+    assert_unchanged,
+    assert_written_within,
+    complement,
     item_parameter,
     item_world_sizes,
+    placed,
     rank_input,
     reduce_scatter_single,
     refusal,
@@ -65,9 +69,10 @@ def arranged(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.T
     if layout == "channels_last":
         return tensor.to(device).contiguous(memory_format=torch.channels_last)
     buffer = torch.empty(*tensor.shape[:-1], 2 * tensor.shape[-1], dtype=tensor.dtype, device=device)
-    view = buffer[..., ::2]
+    view, gaps = buffer[..., ::2], buffer[..., 1::2]
     view.copy_(tensor)
-    return view
+    gaps.copy_(complement(tensor))
+    return placed(view, [gaps])  # a check of the view finds the gaps written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,13 +110,14 @@ def _of_each_size(turn: int) -> list[Tensors]:
 
 
 class Call:
-    """One backend call on this rank: the layout's tensors in, and what each output must then hold."""
+    """One backend call on this rank: the layout's tensors in, and what each output must then hold; the
+    inputs of a call that is not ``in_place`` must hold what they held."""
 
-    def __init__(self, pg, layout: str, tensors: Tensors) -> None:
+    def __init__(self, pg, layout: str, tensors: Tensors, in_place: bool) -> None:
         self.n, self.me, self.root = pg.world_size, pg.rank, pg.world_size - 1
         self.layout, self.device, self.seed = layout, pg.device, pg.seed
         self.input_layout, self.output_layout = LAYOUTS[layout]
-        self.dtype, self.shape = tensors.dtype, tensors.shape
+        self.dtype, self.shape, self.in_place = tensors.dtype, tensors.shape, in_place
         self.checks: list[Callable[[], None]] = []
 
     def input(self, rank: int, peer: int = 0, blocks: int = 1) -> torch.Tensor:
@@ -121,7 +127,11 @@ class Call:
 
     def laid(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as the call's inputs are laid out."""
-        return arranged(tensor, self.input_layout, self.device)
+        laid = arranged(tensor, self.input_layout, self.device)
+        if not self.in_place:
+            what = f"{self.layout} input on rank {self.me}"
+            self.checks.append(lambda: assert_unchanged(laid, tensor, what))
+        return laid
 
     def unwritten(self, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """A sentinel-filled tensor as the call's outputs are laid out."""
@@ -143,6 +153,7 @@ def _assert_summed(actual: torch.Tensor, inputs: list[torch.Tensor], what: str) 
         assert_reduced_close(actual, inputs, "sum")
     except AssertionError as exc:
         raise AssertionError(f"{what}: {exc}") from None
+    assert_written_within(actual, what)
 
 
 # Each call as torch documents it, with every tensor it takes in the layout; a check registered per output.
@@ -262,7 +273,7 @@ def test_backend_call_in_a_layout(pg, name, layout, tensors):
     A refusal ends its example alone (gloo takes some channels_last shapes in all_to_all_single, not
     others; where a raise may leave the backend unfit, the rest runs in a call of its own on a group found
     fit): the test is N/A only where every example was refused."""
-    call = Call(pg, layout, tensors)
+    call = Call(pg, layout, tensors, in_place=name in IN_PLACE)
     try:
         CALLS[name][0](call)
     except Exception as exc:

@@ -27,6 +27,7 @@ from pytest_collectives import (
     all_to_all_matches_reference,
     assert_moved,
     assert_reduced_close,
+    assert_unchanged,
     broadcast_matches_reference,
     cases,
     every_cell,
@@ -76,9 +77,11 @@ def test_all_gather_list(pg, case):
     group, ranks, n, me = found
     inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
     outputs = [sentinel(case.size, case.dtype, pg.device) for _ in range(n)]
-    dist.all_gather(outputs, laid_out(inputs[me], case.layout, pg.device), group=group)
+    mine = laid_out(inputs[me], case.layout, pg.device)
+    dist.all_gather(outputs, mine, group=group)
     for i, (out, want) in enumerate(zip(outputs, inputs, strict=True)):
         assert_moved(out, want, f"all_gather: group rank {i}'s part on group rank {me}")
+    assert_unchanged(mine, inputs[me], f"all_gather's input on group rank {me}")
 
 
 @pytest.mark.world_size()
@@ -97,9 +100,11 @@ def test_all_gather_list_uneven(pg, case, extra):
     sizes = [case.size + extra[i] for i in range(n)]
     inputs = [case.input(pg.seed, r, sizes[i], n) for i, r in enumerate(ranks)]
     outputs = [sentinel(size, case.dtype, pg.device) for size in sizes]
-    dist.all_gather(outputs, laid_out(inputs[me], case.layout, pg.device), group=group)
+    mine = laid_out(inputs[me], case.layout, pg.device)
+    dist.all_gather(outputs, mine, group=group)
     for i, (out, want) in enumerate(zip(outputs, inputs, strict=True)):
         assert_moved(out, want, f"all_gather of sizes {sizes}: group rank {i}'s part on group rank {me}")
+    assert_unchanged(mine, inputs[me], f"all_gather of sizes {sizes}: its input on group rank {me}")
 
 
 @pytest.mark.world_size()
@@ -123,10 +128,13 @@ def check_reduce_scatter_list(pg, case) -> None:
         return
     group, ranks, n, me = found
     output = sentinel(case.size, case.dtype, pg.device)
-    mine = [laid_out(case.part(pg.seed, pg.rank, j, case.size, n), case.layout, pg.device) for j in range(n)]
+    parts = [case.part(pg.seed, pg.rank, j, case.size, n) for j in range(n)]
+    mine = [laid_out(part, case.layout, pg.device) for part in parts]
     dist.reduce_scatter(output, mine, op=reduce_op(case.op), group=group)
     expected = [case.part(pg.seed, r, me, case.size, n) for r in ranks]
     assert_reduced_close(output, expected, case.op, case.values)
+    for j, (kept, part) in enumerate(zip(mine, parts, strict=True)):
+        assert_unchanged(kept, part, f"reduce_scatter's input for group rank {j} on group rank {me}")
 
 
 @pytest.mark.world_size()
@@ -146,10 +154,12 @@ def test_all_to_all_list(pg, case):
     sizes = [[case.size % 41] * n for _ in range(n)]
     outputs = [sentinel(sizes[i][me], case.dtype, pg.device) for i in range(n)]
     sent = [case.part(pg.seed, me, j, sizes[me][j], n) for j in range(n)]
-    dist.all_to_all(outputs, [laid_out(x, case.layout, pg.device) for x in sent])
+    sources = [laid_out(x, case.layout, pg.device) for x in sent]
+    dist.all_to_all(outputs, sources)
     for i in range(n):
         expected = case.part(pg.seed, i, me, sizes[i][me], n)
         assert_moved(outputs[i], expected, f"all_to_all: from rank {i} on rank {me}")
+        assert_unchanged(sources[i], sent[i], f"all_to_all: what rank {me} sends rank {i}")
 
 
 # (N, C, H, W) with C > 1 and H * W > 1, so that channels_last and contiguous strides differ
@@ -212,9 +222,11 @@ def test_gather(pg, case):
     root = case.root % n
     inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
     outputs = [sentinel(case.size, case.dtype, pg.device) for _ in range(n)] if me == root else None
-    dist.gather(laid_out(inputs[me], case.layout, pg.device), outputs, dst=ranks[root], group=group)
+    mine = laid_out(inputs[me], case.layout, pg.device)
+    dist.gather(mine, outputs, dst=ranks[root], group=group)
     for i, out in enumerate(outputs or []):
         assert_moved(out, inputs[i], f"gather at group rank {root}: group rank {i}'s part")
+    assert_unchanged(mine, inputs[me], f"gather's input on group rank {me}")
 
 
 @pytest.mark.world_size()
@@ -231,6 +243,8 @@ def test_scatter(pg, case):
     output = sentinel(case.size, case.dtype, pg.device)
     dist.scatter(output, sources, src=ranks[root], group=group)
     assert_moved(output, parts[me], f"scatter from group rank {root} on group rank {me}")
+    for i, source in enumerate(sources or []):
+        assert_unchanged(source, parts[i], f"scatter's part for group rank {i} at group rank {root}")
 
 
 def blob(size: int, salt: int) -> bytes:

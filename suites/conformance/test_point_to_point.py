@@ -1,6 +1,7 @@
 """Point-to-point semantics from the torch.distributed tutorial (seed 002): what is sent is received,
 bit for bit, by blocking send/recv, by isend/irecv after wait(), and by batch_isend_irecv (one pair, a
-ring shift, every pair at once), addressed by global rank or by group rank inside a subgroup."""
+ring shift, every pair at once), addressed by global rank or by group rank inside a subgroup; and the
+sender's tensor is left as it was."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from pytest_collectives import (
     LARGE_SIZES,
     assert_moved,
+    assert_unchanged,
     examples,
     group_of,
     laid_out,
@@ -67,6 +69,7 @@ def check_sent_and_received(pg, case, mode: str, pair: tuple[int, int]) -> None:
         else:
             for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, payload, dst)]):
                 work.wait()
+        assert_unchanged(payload, sent, f"rank {src}'s tensor sent {mode} to rank {dst}")
     elif pg.rank == dst:
         inbox = laid_out(sentinel(size, dtype, "cpu"), case.layout, pg.device)
         if mode == "send_recv":
@@ -87,11 +90,13 @@ def test_ring_exchange_both_directions_at_once(pg, case):
     n, me, dtype, size = pg.world_size, pg.rank, case.dtype, case.size
     left, right = (me - 1) % n, (me + 1) % n
     inbox = sentinel(size, dtype, pg.device)
-    payload = case.input(pg.seed, me, size, n).to(pg.device, copy=True)
+    mine = case.input(pg.seed, me, size, n)
+    payload = mine.to(pg.device, copy=True)
     ops = [dist.P2POp(dist.isend, payload, right), dist.P2POp(dist.irecv, inbox, left)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     assert_moved(inbox, case.input(pg.seed, left, size, n), f"rank {me} receiving from rank {left}")
+    assert_unchanged(payload, mine, f"rank {me}'s tensor sent to rank {right}")
 
 
 @pytest.mark.world_size()
@@ -103,13 +108,15 @@ def test_all_pairs_exchange_in_one_batch(pg, case):
     n, me, dtype, size = pg.world_size, pg.rank, case.dtype, case.size
     peers = [(me + k) % n for k in range(1, n)]
     inboxes = {peer: sentinel(size, dtype, pg.device) for peer in peers}
-    payloads = {peer: case.part(pg.seed, me, peer, size, n).to(pg.device) for peer in peers}
+    mine = {peer: case.part(pg.seed, me, peer, size, n) for peer in peers}
+    payloads = {peer: part.to(pg.device, copy=True) for peer, part in mine.items()}
     ops = [dist.P2POp(dist.irecv, inboxes[peer], peer) for peer in reversed(peers)]
     ops += [dist.P2POp(dist.isend, payloads[peer], peer) for peer in peers]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     for peer in peers:
         assert_moved(inboxes[peer], case.part(pg.seed, peer, me, size, n), f"rank {me} from {peer}")
+        assert_unchanged(payloads[peer], mine[peer], f"rank {me}'s tensor sent to {peer}")
 
 
 @pytest.mark.world_size()
@@ -128,7 +135,9 @@ def test_send_recv_by_group_rank_in_a_subgroup(pg, case, pair):
     dst = (src + pair[1] % (n - 1) + 1) % n
     sent = case.input(pg.seed, ranks[src], case.size, n)
     if me == src:
-        dist.send(sent.to(pg.device), group=group, group_dst=dst)
+        payload = sent.to(pg.device, copy=True)
+        dist.send(payload, group=group, group_dst=dst)
+        assert_unchanged(payload, sent, f"group rank {src}'s tensor sent to group rank {dst}")
     elif me == dst:
         inbox = sentinel(case.size, case.dtype, pg.device)
         dist.recv(inbox, group=group, group_src=src)
@@ -161,7 +170,7 @@ def test_messages_to_one_peer_in_flight_arrive_in_the_order_posted(pg, case, mod
     sent = [case.part(pg.seed, src, k, case.size, n) for k in range(count)]
     tags = list(range(1, count + 1)) if mode.endswith("_tagged") else [0] * count
     if pg.rank == src:
-        post, peer, buffers = dist.isend, dst, [x.to(pg.device) for x in sent]
+        post, peer, buffers = dist.isend, dst, [x.to(pg.device, copy=True) for x in sent]
     else:
         post, peer, buffers = dist.irecv, src, [sentinel(case.size, case.dtype, pg.device) for _ in sent]
     posted = list(zip(buffers, tags, strict=True))
@@ -171,7 +180,9 @@ def test_messages_to_one_peer_in_flight_arrive_in_the_order_posted(pg, case, mod
         works = [post(b, peer, tag=t) for b, t in posted]
     for k in (k for k in order if k < len(works)):  # waited in any order: none completes another's receive
         works[k].wait()
-    if pg.rank == dst:
-        for k, (box, tag) in enumerate(zip(buffers, tags, strict=True)):
-            what = f"message {k + 1} of {count} in flight from rank {src} to rank {dst} ({mode}, tag {tag})"
+    for k, (box, tag) in enumerate(zip(buffers, tags, strict=True)):
+        what = f"message {k + 1} of {count} in flight from rank {src} to rank {dst} ({mode}, tag {tag})"
+        if pg.rank == dst:
             assert_moved(box, sent[k], what)
+        else:
+            assert_unchanged(box, sent[k], f"{what}: the sender's tensor")

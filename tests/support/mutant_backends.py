@@ -15,7 +15,7 @@ import torch
 import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
 import torch.distributed as dist
 
-from pytest_collectives import backend_env_preset, declare
+from pytest_collectives import backend_env_preset, complement, declare
 from pytest_collectives.refbackend import NcclRulesBackend, ReferenceBackend, register
 
 
@@ -760,6 +760,82 @@ for _call, _roles in _ROLES.items():
     setattr(RecordsBufferForms, _call, _recorded(_call, _roles))
 
 
+def _shares_memory(tensor: torch.Tensor, *others: torch.Tensor) -> bool:
+    return any(tensor.untyped_storage().data_ptr() == other.untyped_storage().data_ptr() for other in others)
+
+
+class ReduceScatterInItsInput(ReferenceBackend):
+    """reduce_scatter out of place reduces in its input's own block and copies that to the output: right
+    output, and the caller's input holds the reduced block afterwards."""
+
+    name = "mutant_reduce_scatter_in_its_input"
+
+    def reduce_scatter(self, outputs: list[Any], inputs: list[list[Any]], opts: Any = None) -> dist.Work:
+        work = super().reduce_scatter(outputs, inputs, opts)
+        work.wait()
+        own = inputs[0][self.rank()]
+        if not _shares_memory(own, outputs[0]):
+            own.copy_(outputs[0])
+        return work
+
+
+class AllGatherThroughItsInput(ReferenceBackend):
+    """all_gather out of place receives the last part through its input buffer: right outputs, and the
+    caller's input holds the last rank's part afterwards."""
+
+    name = "mutant_all_gather_through_its_input"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        work = super().allgather(outputs, inputs, opts)
+        work.wait()
+        last = outputs[0][-1]
+        if last.shape == inputs[0].shape and not _shares_memory(inputs[0], *outputs[0]):
+            inputs[0].copy_(last)
+        return work
+
+
+class AllToAllThroughItsInput(ReferenceBackend):
+    """all_to_all_single out of place stages what it received in its input: right output, and the caller's
+    input holds the output afterwards."""
+
+    name = "mutant_all_to_all_through_its_input"
+
+    def alltoall_base(self, output: Any, input: Any, *args: Any) -> dist.Work:  # noqa: A002 - c10d's name
+        work = super().alltoall_base(output, input, *args)
+        work.wait()
+        if output.numel() == input.numel() and not _shares_memory(input, output):
+            input.copy_(output.view(input.shape))
+        return work
+
+
+class SendEncodesInPlace(ReferenceBackend):
+    """send encodes the payload in the caller's tensor (every bit inverted, as a transport's in-place
+    transform) and never decodes it: the peer receives it right, the sender's tensor is spoiled."""
+
+    name = "mutant_send_encodes_in_place"
+
+    def send(self, tensors: list[Any], dst: int, tag: int) -> dist.Work:
+        work = super().send([tensors[0].clone()], dst, tag)
+        tensors[0].copy_(complement(tensors[0]))
+        return work
+
+
+class WholeVectorsReduced(ReferenceBackend):
+    """all_reduce reduces whole 16-byte vectors: of a view whose end is not on one, the elements after it to
+    the next are reduced with the peers' too, where its storage goes on (a kernel's tail rounded up)."""
+
+    name = "mutant_whole_vectors_reduced"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        tensor = tensors[0]
+        per_vector = max(1, 16 // tensor.element_size())
+        rounded = -(-tensor.numel() // per_vector) * per_vector
+        room = tensor.untyped_storage().nbytes() // tensor.element_size() - tensor.storage_offset()
+        if tensor.is_contiguous() and tensor.numel() and rounded <= room:
+            tensors = [tensor.as_strided((rounded,), (1,), tensor.storage_offset())]
+        return super().allreduce(tensors, opts)
+
+
 MUTANTS = [
     Int64ReducedIn32Bits,
     Bf16ReducedThroughFp16,
@@ -799,6 +875,11 @@ MUTANTS = [
     FaultsAtFirstStart,
     WrongAfterWear,
     WrongOnceInThousands,
+    ReduceScatterInItsInput,
+    AllGatherThroughItsInput,
+    AllToAllThroughItsInput,
+    SendEncodesInPlace,
+    WholeVectorsReduced,
 ]
 register(*MUTANTS, RecordsBufferForms)
 declare(RecordsBufferForms.name, built_on="gloo")  # it is gloo: gloo's known bugs hold

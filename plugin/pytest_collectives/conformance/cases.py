@@ -309,18 +309,70 @@ def group_of(pg, members: frozenset[int] | None) -> tuple[object | None, list[in
 
 def laid_out(tensor: torch.Tensor, layout: str, device: torch.device) -> torch.Tensor:
     """The same values in the drawn layout: contiguous, every other element of a buffer twice the size
-    (strided), or a contiguous view one element into its storage (offset)."""
+    (strided), or a contiguous view one element into its storage (offset). The rest of the buffer holds
+    the values' complement (``complement``), which ``assert_moved`` and ``assert_written_within`` find
+    changed where a call writes outside the view."""
     n = tensor.numel()
     if layout == "contiguous":
         view = torch.empty(n, dtype=tensor.dtype, device=device)
     else:
         buffer = torch.empty(n * 2 + 1, dtype=tensor.dtype, device=device)
         view = buffer[1 : 1 + n] if layout == "offset" else buffer[: n * 2 : 2]
+        around = (buffer[:1], buffer[1 + n :]) if layout == "offset" else (buffer[1::2], buffer[n * 2 :])
     if tensor.dtype == torch.bool:  # byte for byte: a bool copy would make the sentinel's 0xFF a 1
         view.view(torch.uint8).copy_(tensor.reshape(-1).view(torch.uint8))
     else:
         view.copy_(tensor.reshape(-1))
-    return view if layout == "strided" else view.view(tensor.shape)
+    if layout == "contiguous":
+        return view.view(tensor.shape)
+    flipped = complement(tensor.reshape(-1)) if n else sentinel(1, tensor.dtype, "cpu")
+    for region in around:
+        region.copy_(flipped[: region.numel()])
+    return placed(view if layout == "strided" else view.view(tensor.shape), around)
+
+
+def complement(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bits inverted (a bool negated), contiguous: what fills a buffer around a view. It differs
+    between ranks as their inputs do, so a reduction or a receive that spills into it changes it (the
+    sentinel would not: NaN and 0 reduce to themselves), and it is no value the view holds, so a read from
+    the wrong place gets a wrong value."""
+    if tensor.dtype == torch.bool:
+        return ~tensor.contiguous()
+    flipped = tensor.contiguous().clone()
+    flipped.view(torch.uint8).bitwise_not_()
+    return flipped
+
+
+def placed(view: torch.Tensor, around: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``view``, marked with the parts of its buffer ``around`` it, and what they hold now: a check of
+    ``view`` then checks that they still do, since a call given a view must write nothing outside it."""
+    view._around = tuple((region, region.clone()) for region in around)  # type: ignore[attr-defined]
+    return view
+
+
+def assert_written_within(tensor: torch.Tensor, what: str) -> None:
+    """Nothing was written around ``tensor`` in the buffer it is a view of (``placed``): a backend that
+    writes past a view's end (a kernel's whole vectors), into a strided view's gaps or at the storage's
+    start corrupts what the caller keeps there (in-place offsets: Aluminum 21 and 22, nccl-tests 261)."""
+    for region, held in getattr(tensor, "_around", ()):
+        now, held = region.detach().cpu(), held.detach().cpu()
+        if torch.equal(_words(now), _words(held)):
+            continue
+        written = (_bits(now) != _bits(held)).any(1)
+        i = int(written.nonzero()[0])
+        raise AssertionError(
+            f"{what}: {int(written.sum())} element(s) written outside the tensor, in the buffer it is a view "
+            f"of (storage offset {tensor.storage_offset()}, strides {list(tensor.stride())}); first: "
+            f"{held.reshape(-1)[i].item()!r} became {now.reshape(-1)[i].item()!r}"
+        )
+
+
+def assert_unchanged(tensor: torch.Tensor, before: torch.Tensor, what: str) -> None:
+    """A tensor a call only reads (an out-of-place input, a sent payload) still holds ``before``'s bits,
+    and nothing around it was written: a backend that stages its work in its input, or reuses a payload
+    once sent, corrupts what the caller still holds (a tensor parallel shard, the parameters FSDP gathers
+    from)."""
+    assert_moved(tensor, before, f"{what} (which the call must only read)")
 
 
 def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -339,7 +391,13 @@ def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.devic
 
 def assert_moved(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     """``actual`` holds exactly ``expected``'s bits; the message counts elements never written (still the
-    sentinel) apart from wrong ones, and names the first bad element."""
+    sentinel) apart from wrong ones, and names the first bad element. Nothing may be written around
+    ``actual`` either (``assert_written_within``)."""
+    _assert_same_bits(actual, expected, what)
+    assert_written_within(actual, what)
+
+
+def _assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     actual, expected = actual.detach().cpu(), expected.detach().cpu()
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         raise AssertionError(

@@ -20,7 +20,15 @@ from pytest_collectives.algorithms.reference import (
     rank_input,
     reduce_op,
 )
-from pytest_collectives.conformance.cases import Case, assert_moved, group_of, laid_out, sentinel
+from pytest_collectives.conformance.cases import (
+    Case,
+    assert_moved,
+    assert_unchanged,
+    assert_written_within,
+    group_of,
+    laid_out,
+    sentinel,
+)
 
 
 def name_of(implementation: Callable[..., Any]) -> str:
@@ -64,6 +72,7 @@ def all_reduce_matches_reference(pg: Any, all_reduce: Callable[..., torch.Tensor
     out = run_all_reduce(pg, all_reduce, case)
     if out is not None:
         assert_reduced_close(*out, case.op, case.values)
+        assert_written_within(out[0], f"{name_of(all_reduce)} on rank {pg.rank}")
 
 
 def reduce_scatter_matches_reference(
@@ -71,7 +80,8 @@ def reduce_scatter_matches_reference(
 ) -> None:
     """``reduce_scatter(output, input, op, group=)``: this rank's output is its block of the reduction of
     the members' inputs (``case.size`` elements a block). In place, the output is this rank's own block of
-    the input, which NCCL and gloo both allow; out of place it starts as a sentinel."""
+    the input, which NCCL and gloo both allow; out of place it starts as a sentinel, and the input is
+    left as it was."""
     found = members(pg, case)
     if found is None:
         return
@@ -79,9 +89,12 @@ def reduce_scatter_matches_reference(
     chunk = case.size
     source = torch.cat([case.part(pg.seed, pg.rank, j, chunk, n) for j in range(n)]).to(pg.device)
     output = source.view(n, -1)[me] if in_place else sentinel(chunk, case.dtype, pg.device)
+    kept = None if in_place else source.clone()
     result = reduce_scatter(output, source, reduce_op(case.op), group=group)
     assert result is output, f"{name_of(reduce_scatter)} must return its output"
     assert_reduced_close(output, [case.part(pg.seed, r, me, chunk, n) for r in ranks], case.op, case.values)
+    if kept is not None:
+        assert_unchanged(source, kept, f"{name_of(reduce_scatter)}'s input on group rank {me}")
 
 
 def gemm_reduce_scatter_matches_reference(
@@ -93,7 +106,7 @@ def gemm_reduce_scatter_matches_reference(
     cols: int,
 ) -> None:
     """``gemm_reduce_scatter(a, b, group=)`` over the world is this rank's row block of sum_r A_r @ B_r,
-    each rank with its own inner dimension (``inner + rank``)."""
+    each rank with its own inner dimension (``inner + rank``); A and B are left as they were."""
     n, me, dtype = pg.world_size, pg.rank, case.dtype
     m = rows_per_rank * n
     a = [rank_input(pg.seed, r, (m, inner + r), dtype) for r in range(n)]
@@ -102,6 +115,8 @@ def gemm_reduce_scatter_matches_reference(
     result = gemm_reduce_scatter(mine_a, mine_b, group=pg.group)
     rows = slice(me * rows_per_rank, (me + 1) * rows_per_rank)
     assert_gemm_sum_close(result, [x[rows] for x in a], b)
+    assert_unchanged(mine_a, a[me], f"{name_of(gemm_reduce_scatter)}'s A on rank {me}")
+    assert_unchanged(mine_b, b[me], f"{name_of(gemm_reduce_scatter)}'s B on rank {me}")
 
 
 def all_gather_matches_reference(
@@ -109,7 +124,8 @@ def all_gather_matches_reference(
 ) -> None:
     """``all_gather(output, input, group=)``: every member's output holds the members' inputs in group-rank
     order, into a flat ``(n * size)`` output or, ``stacked``, an ``(n, size)`` one. In place, the input is
-    this rank's own block of the output; out of place the output starts as a sentinel."""
+    this rank's own block of the output; out of place the output starts as a sentinel, and the input is
+    left as it was."""
     found = members(pg, case)
     if found is None:
         return
@@ -124,6 +140,8 @@ def all_gather_matches_reference(
     expected = torch.stack(inputs) if stacked else torch.cat(inputs)
     what = f"{name_of(all_gather)} of {n} x {case.size} {case.dtype} on group rank {me}, stacked={stacked}"
     assert_moved(output, expected, what)
+    if not in_place:
+        assert_unchanged(mine, drawn, f"{name_of(all_gather)}'s input on group rank {me}")
 
 
 def all_to_all_matches_reference(
@@ -132,22 +150,22 @@ def all_to_all_matches_reference(
     """``all_to_all(output, input, output_splits, input_splits, group=)``: group rank i sends
     ``splits[i][j]`` elements to group rank j (the drawn matrix folded onto the group; zeros included),
     or, with no splits, ``case.size // n`` to each rank with None for the split lists. Each rank's output
-    is what every member sent it, in group-rank order."""
+    is what every member sent it, in group-rank order, and its input is left as it was."""
     found = members(pg, case)
     if found is None:
         return
     group, ranks, n, me = found
     even = splits is None
     sizes = [[case.size // n] * n for _ in range(n)] if even else [row[:n] for row in splits[:n]]
-    source = laid_out(
-        torch.cat([case.part(pg.seed, me, j, sizes[me][j], n) for j in range(n)]), case.layout, pg.device
-    )
+    sent = torch.cat([case.part(pg.seed, me, j, sizes[me][j], n) for j in range(n)])
+    source = laid_out(sent, case.layout, pg.device)
     column = [sizes[i][me] for i in range(n)]
     output = sentinel(sum(column), case.dtype, pg.device)
     result = all_to_all(output, source, None if even else column, None if even else sizes[me], group=group)
     assert result is output, f"{name_of(all_to_all)} must return its output"
     received = [case.part(pg.seed, i, me, sizes[i][me], n) for i in range(n)]  # after: the senders' copies
     assert_moved(output, torch.cat(received), f"{name_of(all_to_all)} on group rank {me}, splits {sizes}")
+    assert_unchanged(source, sent, f"{name_of(all_to_all)}'s input on group rank {me}")
 
 
 def check_splits(output_splits: Sequence[int], input_splits: Sequence[int], group: Any = None) -> None:
@@ -193,7 +211,8 @@ def broadcast_matches_reference(pg: Any, broadcast: Callable[..., torch.Tensor],
 
 def reduce_matches_reference(pg: Any, reduce: Callable[..., torch.Tensor], case: Case) -> None:
     """``reduce(tensor, root, op, group=)``: group rank ``case.root % n`` holds the reduction of the
-    members' inputs; other ranks' buffers are unspecified (torch documents only the root's)."""
+    members' inputs; other ranks' buffers are unspecified (torch documents only the root's), but no rank's
+    call writes outside its tensor."""
     found = members(pg, case)
     if found is None:
         return
@@ -205,6 +224,7 @@ def reduce_matches_reference(pg: Any, reduce: Callable[..., torch.Tensor], case:
     assert result is tensor, f"{name_of(reduce)} must work in place and return its tensor"
     if me == root:
         assert_reduced_close(tensor, everyone(pg, case, ranks, mine), case.op, case.values)
+    assert_written_within(tensor, f"{name_of(reduce)} to group rank {root} on group rank {me}")
 
 
 # The check of each contract that takes (pg, implementation, case) alone: out of place where the contract
