@@ -51,6 +51,30 @@ def test_all_reduce_matches_exact_reference(pg, algorithm, case):
     all_reduce_matches_reference(pg, algorithm_named(algorithm), case)
 
 
+# The shapes a training step hands the backend besides flat buffers: a loss or a counter (0-d), a bias, a
+# weight's gradient, an activation.
+TRAINING_SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 4)]
+
+
+@pytest.mark.world_size()
+@pytest.mark.parametrize("algorithm", registered("all_reduce"))
+@examples(
+    case=of_the_algorithm(reductions, members=st.none(), layouts=("contiguous",)),
+    shape=st.sampled_from(TRAINING_SHAPES),
+)
+def test_all_reduce_of_a_scalar_and_of_a_matrix(pg, algorithm, case, shape):
+    """A 0-d tensor (a loss, a metric) and one of several dimensions (a gradient) are reduced whole and keep
+    their shape: a backend that reads the count from the first dimension, or passes a 0-d tensor over,
+    fails here, where the other examples hand it flat buffers."""
+    inputs = [case.input(pg.seed, r, shape, pg.world_size) for r in range(pg.world_size)]
+    tensor = inputs[pg.rank].to(pg.device, copy=True)
+    result = algorithm_named(algorithm)(tensor, reduce_op(case.op), group=None)
+    assert result is tensor and tensor.shape == shape, (
+        f"{algorithm} of a {list(shape)} tensor gave {list(result.shape)}"
+    )
+    assert_reduced_close(tensor, inputs, case.op, case.values)
+
+
 # One large message per call: a batch of them would take seconds.
 @pytest.mark.world_size()
 @pytest.mark.parametrize("algorithm", registered("all_reduce"))

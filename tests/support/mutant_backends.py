@@ -836,6 +836,19 @@ class WholeVectorsReduced(ReferenceBackend):
         return super().allreduce(tensors, opts)
 
 
+class CountFromTheFirstDimension(ReferenceBackend):
+    """all_reduce counts the elements of a tensor by its first dimension: a flat buffer is right, a matrix
+    (a gradient) is reduced in its first few elements only, and a 0-d tensor (a loss) not at all."""
+
+    name = "mutant_count_from_the_first_dimension"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        tensor = tensors[0]
+        if tensor.dim() != 1 and tensor.is_contiguous():
+            tensors = [tensor.view(-1)[: tensor.size(0) if tensor.dim() else 0]]
+        return super().allreduce(tensors, opts)
+
+
 MUTANTS = [
     Int64ReducedIn32Bits,
     Bf16ReducedThroughFp16,
@@ -880,6 +893,7 @@ MUTANTS = [
     AllToAllThroughItsInput,
     SendEncodesInPlace,
     WholeVectorsReduced,
+    CountFromTheFirstDimension,
 ]
 register(*MUTANTS, RecordsBufferForms)
 declare(RecordsBufferForms.name, built_on="gloo")  # it is gloo: gloo's known bugs hold
