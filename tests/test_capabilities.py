@@ -307,7 +307,13 @@ MUTANTS = [
         "mutant_whole_vectors_reduced",
         "test_all_reduce.py",
         "test_all_reduce_matches_exact_reference",
-        "*all_reduce on rank *: * element(s) written outside the tensor, in the buffer it is a view of*",
+        "*over * ranks of torch.*: * element(s) written outside the tensor, in the buffer it is a view of*",
+    ),
+    (
+        "mutant_all_gather_in_whole_vectors",
+        "test_operations.py",
+        "test_all_gather_list",
+        "*all_gather: group rank *'s part on group rank *: * element(s) written outside the tensor*",
     ),
     # right on the flat buffers every other example hands it
     (

@@ -216,6 +216,22 @@ def test_one_byte_written_outside_a_laid_out_view_is_caught(dtype, layout):
             assert_unchanged(view, held, layout)
 
 
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_a_write_past_an_outputs_end_is_caught(dtype):
+    """An output buffer (the sentinel) written whole passes; one byte written past its end, where a kernel
+    writing whole 16-byte vectors would, fails its check."""
+    x = rank_input(5, 0, (3, 3), dtype, values=Values("full"), op=None)
+    out = sentinel((3, 3), dtype, "cpu")
+    out.view(torch.uint8).copy_(x.view(torch.uint8))
+    assert_moved(out, x, "written whole")
+    storage = torch.empty(0, dtype=torch.uint8).set_(out.untyped_storage())
+    assert len(storage) >= x.nbytes + 16
+    storage[x.nbytes + 15] ^= 0x01
+    with pytest.raises(AssertionError, match="1 element.s. written outside the tensor"):
+        assert_moved(out, x, "written past its end")
+
+
 def through_float16(xs: list[torch.Tensor]) -> torch.Tensor:
     return sum(x.to(torch.float16) for x in xs).to(torch.bfloat16)
 

@@ -49,7 +49,15 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     },
     **{
         n: ("algorithms.reference", n)
-        for n in ("Values", "assert_reduced_close", "rank_input", "real_dtype", "reduce_op")
+        for n in (
+            "Values",
+            "assert_reduced_close",
+            "assert_written_within",
+            "placed",
+            "rank_input",
+            "real_dtype",
+            "reduce_op",
+        )
     },
     # a backend's declarations (its backend module)
     **{
@@ -75,7 +83,6 @@ _PUBLIC: dict[str, tuple[str, str]] = {
             "MAX_RANKS",
             "assert_moved",
             "assert_unchanged",
-            "assert_written_within",
             "cases",
             "complement",
             "every_cell",
@@ -84,7 +91,6 @@ _PUBLIC: dict[str, tuple[str, str]] = {
             "large",
             "movements",
             "of_the_algorithm",
-            "placed",
             "reductions",
             "registered",
             "sentinel",

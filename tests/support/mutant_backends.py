@@ -820,6 +820,17 @@ class SendEncodesInPlace(ReferenceBackend):
         return work
 
 
+def _in_whole_vectors(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``tensor`` flat, rounded up to whole 16-byte vectors where its storage goes on that far (a kernel
+    that handles a tail so); None where it is not contiguous or no element is past its end."""
+    per_vector = max(1, 16 // tensor.element_size())
+    rounded = -(-tensor.numel() // per_vector) * per_vector
+    room = tensor.untyped_storage().nbytes() // tensor.element_size() - tensor.storage_offset()
+    if not tensor.is_contiguous() or rounded == tensor.numel() or rounded > room:
+        return None
+    return tensor.as_strided((rounded,), (1,), tensor.storage_offset())
+
+
 class WholeVectorsReduced(ReferenceBackend):
     """all_reduce reduces whole 16-byte vectors: of a view whose end is not on one, the elements after it to
     the next are reduced with the peers' too, where its storage goes on (a kernel's tail rounded up)."""
@@ -827,13 +838,24 @@ class WholeVectorsReduced(ReferenceBackend):
     name = "mutant_whole_vectors_reduced"
 
     def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
-        tensor = tensors[0]
-        per_vector = max(1, 16 // tensor.element_size())
-        rounded = -(-tensor.numel() // per_vector) * per_vector
-        room = tensor.untyped_storage().nbytes() // tensor.element_size() - tensor.storage_offset()
-        if tensor.is_contiguous() and tensor.numel() and rounded <= room:
-            tensors = [tensor.as_strided((rounded,), (1,), tensor.storage_offset())]
-        return super().allreduce(tensors, opts)
+        rounded = _in_whole_vectors(tensors[0])
+        return super().allreduce(tensors if rounded is None else [rounded], opts)
+
+
+class AllGatherInWholeVectors(ReferenceBackend):
+    """all_gather writes each part in whole 16-byte vectors, the last one's padding zeroed: every part right,
+    and up to 15 bytes after each zeroed where its storage goes on (a caller's other tensors)."""
+
+    name = "mutant_all_gather_in_whole_vectors"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        work = super().allgather(outputs, inputs, opts)
+        work.wait()
+        for part in outputs[0]:
+            rounded = _in_whole_vectors(part)
+            if rounded is not None:
+                rounded[part.numel() :].view(torch.uint8).zero_()
+        return work
 
 
 class CountFromTheFirstDimension(ReferenceBackend):
@@ -893,6 +915,7 @@ MUTANTS = [
     AllToAllThroughItsInput,
     SendEncodesInPlace,
     WholeVectorsReduced,
+    AllGatherInWholeVectors,
     CountFromTheFirstDimension,
 ]
 register(*MUTANTS, RecordsBufferForms)

@@ -435,6 +435,43 @@ def assert_reduced_close(actual: Tensor, inputs: Sequence[Tensor], op: str, valu
             f"{other.upper()}?"
         )
         raise AssertionError(f"{exc}; it is the {other.upper()}: {hint}") from None
+    assert_written_within(actual, what)
+
+
+def placed(view: Tensor, around: Sequence[Tensor]) -> Tensor:
+    """``view``, marked with the parts of its buffer ``around`` it, and what they hold now: every check of
+    ``view`` (``assert_written_within``) then checks that they still do, since a call given a view must
+    write nothing outside it."""
+    view._around = tuple((region, _bytes_of(region)) for region in around)  # type: ignore[attr-defined] - a tensor keeps what is set on it
+    return view
+
+
+def assert_written_within(tensor: Tensor, what: str) -> None:
+    """Nothing was written around ``tensor`` in the buffer it is a view of (``placed``): a backend that
+    writes past a view's end (a kernel's whole vectors), into a strided view's gaps or at the storage's
+    start corrupts what the caller keeps there (in-place offsets: Aluminum 21 and 22, nccl-tests 261).
+    ``assert_reduced_close`` and ``cases.assert_moved`` check it of every result."""
+    for region, held in getattr(tensor, "_around", ()):
+        now = _bytes_of(region)
+        if torch.equal(now, held):
+            continue
+        width = region.element_size()
+        written = (now.cpu() != held.cpu()).view(-1, width).any(1)
+        i = int(written.nonzero()[0])
+        was = held.cpu().view(-1, width)[i].view(region.dtype).item()
+        raise AssertionError(
+            f"{what}: {int(written.sum())} element(s) written outside the tensor, in the buffer it is a view "
+            f"of (storage offset {tensor.storage_offset()}, strides {list(tensor.stride())}); first: "
+            f"{was!r} became {region.reshape(-1)[i].item()!r}"
+        )
+
+
+def _bytes_of(region: Tensor) -> Tensor:
+    """A copy of ``region``'s bytes, in order: a bool's as they are (a bool copy would make any byte but 0 a
+    1), and a copy, not contiguous(), which a one-element view with stride 2 counts as and can't be viewed."""
+    if region.dtype == torch.bool:
+        region = region.view(torch.uint8)
+    return torch.empty(region.shape, dtype=region.dtype, device=region.device).copy_(region).view(torch.uint8)
 
 
 _CONFUSED = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")  # what a wrong op is taken for

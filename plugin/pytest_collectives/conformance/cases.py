@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -19,7 +20,16 @@ from hypothesis import assume, settings
 from hypothesis import strategies as st
 
 from pytest_collectives.algorithms import registry
-from pytest_collectives.algorithms.reference import SCALE, SMALL, UNWRITTEN_BOOL, Values, defined, rank_input
+from pytest_collectives.algorithms.reference import (
+    SCALE,
+    SMALL,
+    UNWRITTEN_BOOL,
+    Values,
+    assert_written_within,
+    defined,
+    placed,
+    rank_input,
+)
 from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
@@ -51,6 +61,9 @@ VALUES = st.builds(
     Values, kind=st.sampled_from(["small", "full", "spread"]), scale=st.integers(-SCALE, SCALE)
 )
 LAYOUTS = ("contiguous", "strided", "offset")
+# After every output buffer: as wide as the widest vector a kernel may write whole, and a byte that is no
+# float's NaN or integer's 0, so a spill of received data or of a sum over it shows.
+GUARD_BYTES, GUARD_BYTE = 16, 0xA5
 # Where a test draws values and sizes for the backend's own calls, they come dense (contiguous or at a
 # storage offset): gloo gets five of its calls wrong on a strided view, and one such failure would end the
 # draw before the values reach anything. Every call takes strided and channels_last tensors in
@@ -343,30 +356,6 @@ def complement(tensor: torch.Tensor) -> torch.Tensor:
     return flipped
 
 
-def placed(view: torch.Tensor, around: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``view``, marked with the parts of its buffer ``around`` it, and what they hold now: a check of
-    ``view`` then checks that they still do, since a call given a view must write nothing outside it."""
-    view._around = tuple((region, region.clone()) for region in around)  # type: ignore[attr-defined]
-    return view
-
-
-def assert_written_within(tensor: torch.Tensor, what: str) -> None:
-    """Nothing was written around ``tensor`` in the buffer it is a view of (``placed``): a backend that
-    writes past a view's end (a kernel's whole vectors), into a strided view's gaps or at the storage's
-    start corrupts what the caller keeps there (in-place offsets: Aluminum 21 and 22, nccl-tests 261)."""
-    for region, held in getattr(tensor, "_around", ()):
-        now, held = region.detach().cpu(), held.detach().cpu()
-        if torch.equal(_words(now), _words(held)):
-            continue
-        written = (_bits(now) != _bits(held)).any(1)
-        i = int(written.nonzero()[0])
-        raise AssertionError(
-            f"{what}: {int(written.sum())} element(s) written outside the tensor, in the buffer it is a view "
-            f"of (storage offset {tensor.storage_offset()}, strides {list(tensor.stride())}); first: "
-            f"{held.reshape(-1)[i].item()!r} became {now.reshape(-1)[i].item()!r}"
-        )
-
-
 def assert_unchanged(tensor: torch.Tensor, before: torch.Tensor, what: str) -> None:
     """A tensor a call only reads (an out-of-place input, a sent payload) still holds ``before``'s bits,
     and nothing around it was written: a backend that stages its work in its input, or reuses a payload
@@ -379,14 +368,20 @@ def sentinel(shape: int | Sequence[int], dtype: torch.dtype, device: torch.devic
     """An output buffer filled with what no input holds: NaN for floating dtypes, 0 for integers
     (rank_input never draws either), so an element the backend never wrote cannot pass for a received one.
     Every bool is drawn: its sentinel is the byte 0xFF, which no bool a backend writes holds (``_bits``
-    compares bytes)."""
+    compares bytes). Its storage goes on for GUARD_BYTES past its end, which every check of it compares
+    (``placed``): a call that writes its output in whole vectors, past the end, fails there."""
     size = (shape,) if isinstance(shape, int) else tuple(shape)
+    count = math.prod(size)
+    flat = count + -(-GUARD_BYTES // dtype.itemsize)
     if dtype == torch.bool:
-        return torch.full(size, UNWRITTEN_BOOL, dtype=torch.uint8, device=device).view(torch.bool)
-    if dtype.is_floating_point or dtype.is_complex:
+        buffer = torch.full((flat,), UNWRITTEN_BOOL, dtype=torch.uint8, device=device).view(torch.bool)
+    elif dtype.is_floating_point or dtype.is_complex:
         # filled in float32 and converted: older torch has no fill kernel for float8
-        return torch.full(size, float("nan"), device=device).to(dtype)
-    return torch.zeros(shape, dtype=dtype, device=device)
+        buffer = torch.full((flat,), float("nan"), device=device).to(dtype)
+    else:
+        buffer = torch.zeros(flat, dtype=dtype, device=device)
+    buffer[count:].view(torch.uint8).fill_(GUARD_BYTE)
+    return placed(buffer[:count].view(size), [buffer[count:]])
 
 
 def assert_moved(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
