@@ -317,7 +317,7 @@ MUTANTS = [
     ),
     # right on the flat buffers every other example hands it
     (
-        "mutant_count_from_the_first_dimension",
+        "mutant_scalar_passed_over",
         "test_all_reduce.py",
         "test_all_reduce_of_a_scalar_and_of_a_matrix",
         "*over * ranks of torch.*: * of * elements *",

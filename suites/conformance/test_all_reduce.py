@@ -64,8 +64,8 @@ TRAINING_SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 4)]
 )
 def test_all_reduce_of_a_scalar_and_of_a_matrix(pg, algorithm, case, shape):
     """A 0-d tensor (a loss, a metric) and one of several dimensions (a gradient) are reduced whole and keep
-    their shape: a backend that reads the count from the first dimension, or passes a 0-d tensor over,
-    fails here, where the other examples hand it flat buffers."""
+    their shape: a backend that counts the elements by the dimensions, and so passes a 0-d tensor over,
+    fails here, where the other examples hand it flat buffers (and torch a complex tensor as (n, 2))."""
     inputs = [case.input(pg.seed, r, shape, pg.world_size) for r in range(pg.world_size)]
     tensor = inputs[pg.rank].to(pg.device, copy=True)
     result = algorithm_named(algorithm)(tensor, reduce_op(case.op), group=None)

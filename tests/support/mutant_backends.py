@@ -858,16 +858,15 @@ class AllGatherInWholeVectors(ReferenceBackend):
         return work
 
 
-class CountFromTheFirstDimension(ReferenceBackend):
-    """all_reduce counts the elements of a tensor by its first dimension: a flat buffer is right, a matrix
-    (a gradient) is reduced in its first few elements only, and a 0-d tensor (a loss) not at all."""
+class ScalarPassedOver(ReferenceBackend):
+    """all_reduce counts a tensor's elements by its dimensions, of which a 0-d tensor has none: a loss or a
+    metric is left as this rank's own, every tensor of one dimension or more is right."""
 
-    name = "mutant_count_from_the_first_dimension"
+    name = "mutant_scalar_passed_over"
 
     def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
-        tensor = tensors[0]
-        if tensor.dim() != 1 and tensor.is_contiguous():
-            tensors = [tensor.view(-1)[: tensor.size(0) if tensor.dim() else 0]]
+        if tensors[0].dim() == 0:
+            tensors = [tensors[0].view(1)[:0]]
         return super().allreduce(tensors, opts)
 
 
@@ -916,7 +915,7 @@ MUTANTS = [
     SendEncodesInPlace,
     WholeVectorsReduced,
     AllGatherInWholeVectors,
-    CountFromTheFirstDimension,
+    ScalarPassedOver,
 ]
 register(*MUTANTS, RecordsBufferForms)
 declare(RecordsBufferForms.name, built_on="gloo")  # it is gloo: gloo's known bugs hold
