@@ -276,10 +276,11 @@ def test_an_installed_packages_algorithm_comes_through_its_entry_point(
     result = pytester.runpytest_subprocess(
         "test_all_reduce.py", "-k", "acme", "--world-sizes", "2", "-p", "no:cacheprovider", "-v"
     )
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(
         [
             "*test_all_reduce_matches_exact_reference?ws2-acme_all_reduce? PASSED*",
+            "*test_all_reduce_of_a_scalar_and_of_a_matrix?ws2-acme_all_reduce? PASSED*",
             "*test_all_reduce_of_a_large_message?ws2-acme_all_reduce? PASSED*",
         ]
     )
