@@ -446,7 +446,7 @@ def placed(view: Tensor, around: Sequence[Tensor]) -> Tensor:
     ``view`` (``assert_written_within``) then checks that they still do, since a call given a view must
     write nothing outside it."""
     # a tensor keeps what is set on it
-    view._around = tuple((region, _bytes_of(region)) for region in around)  # type: ignore[attr-defined]
+    view._around = tuple((region, _bytes_of(region).clone()) for region in around)  # type: ignore[attr-defined]
     return view
 
 
@@ -471,11 +471,18 @@ def assert_written_within(tensor: Tensor, what: str) -> None:
 
 
 def _bytes_of(region: Tensor) -> Tensor:
-    """A copy of ``region``'s bytes, in order: a bool's as they are (a bool copy would make any byte but 0 a
-    1), and a copy, not contiguous(), which a one-element view with stride 2 counts as and can't be viewed."""
-    if region.dtype == torch.bool:
-        region = region.view(torch.uint8)
-    return torch.empty(region.shape, dtype=region.dtype, device=region.device).copy_(region).view(torch.uint8)
+    """``region``'s bytes, in order (``_raw``)."""
+    return _raw(region).view(torch.uint8)
+
+
+def _raw(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` flat, its elements' bytes in order: a view of its memory where that holds them so, else a
+    copy. A bool as its byte, which a bool copy would make 0 or 1 (the sentinel's 0xFF with it)."""
+    tensor = tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
+    if tensor.numel() > 1 and tensor.is_contiguous() and not (tensor.is_conj() or tensor.is_neg()):
+        return tensor.reshape(-1)
+    # a copy, not contiguous(): a one-element view with stride 2 counts as contiguous and can't be viewed
+    return torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.reshape(-1))
 
 
 _CONFUSED = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")  # what a wrong op is taken for

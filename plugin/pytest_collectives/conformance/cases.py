@@ -25,6 +25,7 @@ from pytest_collectives.algorithms.reference import (
     SMALL,
     UNWRITTEN_BOOL,
     Values,
+    _raw,
     assert_written_within,
     defined,
     placed,
@@ -423,13 +424,3 @@ def _words(tensor: torch.Tensor) -> torch.Tensor:
     float32 elements, most of a moved example's check."""
     words = {1: torch.uint8, 2: torch.int16, 4: torch.int32}.get(tensor.element_size(), torch.int64)
     return _raw(tensor).view(words)
-
-
-def _raw(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` flat, its elements' bytes in order: a view of its memory where that holds them so, else a
-    copy. A bool as its byte, which a bool copy would make 0 or 1 (the sentinel's 0xFF with it)."""
-    tensor = tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
-    if tensor.numel() > 1 and tensor.is_contiguous() and not (tensor.is_conj() or tensor.is_neg()):
-        return tensor.reshape(-1)
-    # a copy, not contiguous(): a one-element view with stride 2 counts as contiguous and can't be viewed
-    return torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.reshape(-1))
