@@ -12,8 +12,8 @@ reads a byte back. No fixtures, pickling, capture, seeding, health checks, crash
 
 Each kind is one pytest session of K tests, the kinds alternating in each round. The figures are read
 inside the session, from the 101st test to the one before the last (start-up, collection, the group's
-start and its stop drop out): wall time per test, pytest's CPU per test, and each rank's CPU per test
-(``/proc``: the descendants of pytest alive at both readings). The kinds:
+start and its stop drop out): wall time per test, pytest's CPU per test in user space and in the kernel,
+and each rank's CPU per test (``/proc``: the descendants of pytest alive at both readings). The kinds:
 
 - ``plain``: a test without ranks (pytest's own work, the plugin installed);
 - ``floor_empty``: the floor, the ranks' body empty;
@@ -73,7 +73,7 @@ def _descendants_cpu():
 def pytest_runtest_protocol(item):
     _seen["tests"] += 1
     if _seen["tests"] == SKIP + 1:
-        _seen.update(wall=time.perf_counter(), cpu=time.process_time(), ranks=_descendants_cpu())
+        _seen.update(wall=time.perf_counter(), cpu=os.times(), ranks=_descendants_cpu())
     yield
     # the last test's teardown stops the plugin's group: read before it
     if _seen["tests"] == item.session.testscollected - 1:
@@ -81,7 +81,9 @@ def pytest_runtest_protocol(item):
         ranks = _descendants_cpu()
         spent = sorted((s - _seen["ranks"][p] for p, s in ranks.items() if p in _seen["ranks"]), reverse=True)
         with open(os.environ["TIMER_OUT"], "w") as out:
-            figures = [time.perf_counter() - _seen["wall"], time.process_time() - _seen["cpu"], *spent[:2]]
+            cpu = os.times()
+            user, system = cpu.user - _seen["cpu"].user, cpu.system - _seen["cpu"].system
+            figures = [time.perf_counter() - _seen["wall"], user, system, *spent[:2]]
             out.write(" ".join(f"{{s / k * 1e3:.3f}}" for s in figures))
 '''
 FLOOR_CONFTEST = """
@@ -164,11 +166,12 @@ KINDS = {
     "floor_one_core": (FLOOR_TEST.format(body=ALL_REDUCE), FLOOR_CONFTEST, {"FLOOR_ONE_CORE": "1"}),
     "plugin": (bench_harness_cost.MODULES["all_reduce"], None, {}),
 }
-COLUMNS = ("wall", "pytest's CPU", "rank CPU", "rank CPU")
+COLUMNS = ("wall", "pytest's user CPU", "pytest's system CPU", "rank CPU", "rank CPU")
 
 
 def session(directory: Path, kind: str, k: int) -> list[float]:
-    """ms per test: wall, pytest's CPU, and the two busiest ranks' CPU (where the kind has ranks)."""
+    """ms per test: wall, pytest's CPU in user space and in the kernel, and the two busiest ranks' CPU
+    (where the kind has ranks)."""
     out = directory / f"{kind}.out"
     path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, **KINDS[kind][2], "K": str(k), "TIMER_OUT": str(out), "PYTHONPATH": path}
