@@ -73,18 +73,18 @@ def _descendants_cpu():
 def pytest_runtest_protocol(item):
     _seen["tests"] += 1
     if _seen["tests"] == SKIP + 1:
-        _seen.update(wall=time.perf_counter(), cpu=os.times(), ranks=_descendants_cpu())
+        _seen["ranks"] = _descendants_cpu()  # before the clocks start: a scan of /proc is not a test's
+        _seen.update(wall=time.perf_counter(), cpu=os.times())
     yield
     # the last test's teardown stops the plugin's group: read before it
     if _seen["tests"] == item.session.testscollected - 1:
-        k = _seen["tests"] - SKIP
+        wall, cpu = time.perf_counter() - _seen["wall"], os.times()
+        user, system = cpu.user - _seen["cpu"].user, cpu.system - _seen["cpu"].system
         ranks = _descendants_cpu()
         spent = sorted((s - _seen["ranks"][p] for p, s in ranks.items() if p in _seen["ranks"]), reverse=True)
+        k = _seen["tests"] - SKIP
         with open(os.environ["TIMER_OUT"], "w") as out:
-            cpu = os.times()
-            user, system = cpu.user - _seen["cpu"].user, cpu.system - _seen["cpu"].system
-            figures = [time.perf_counter() - _seen["wall"], user, system, *spent[:2]]
-            out.write(" ".join(f"{{s / k * 1e3:.3f}}" for s in figures))
+            out.write(" ".join(f"{{s / k * 1e3:.3f}}" for s in [wall, user, system, *spent[:2]]))
 '''
 FLOOR_CONFTEST = """
 import importlib, multiprocessing, os, sys, tempfile
@@ -123,7 +123,7 @@ def pytest_collection_finish(session):
         cores = sorted(os.sched_getaffinity(0))
         core = cores[-1]
         os.sched_setaffinity(0, set(cores[:-1]) or {core})
-    store = tempfile.mktemp()
+    store = os.path.join(tempfile.mkdtemp(dir=os.getcwd()), "store")  # a fresh file for each session
     fork = multiprocessing.get_context("fork")
     for rank in range(2):
         tasks_r, tasks_w = os.pipe()
@@ -185,6 +185,27 @@ def session(directory: Path, kind: str, k: int) -> list[float]:
     return [float(x) for x in out.read_text().split()]
 
 
+def measure(directory: Path, kinds: list[str], k: int, rounds: int) -> dict[str, list[list[float]]]:
+    """Each kind's figures (``session``; the bare call's ms) in each round, the kinds alternating."""
+    (directory / "floor_timer.py").write_text(TIMER)
+    for kind in kinds:
+        if kind == "bare2":
+            continue
+        module, conftest, _ = KINDS[kind]
+        (directory / kind).mkdir()
+        (directory / kind / f"test_{kind}.py").write_text(module)
+        if conftest:
+            (directory / kind / "conftest.py").write_text(conftest)
+    rows: dict[str, list[list[float]]] = {kind: [] for kind in kinds}
+    for _ in range(rounds):
+        for kind in kinds:
+            if kind == "bare2":
+                rows[kind].append([bench_harness_cost.bare(2) * 1e3])
+            else:
+                rows[kind].append(session(directory, kind, k))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=3000, help="K: tests per session")
@@ -197,23 +218,8 @@ def main() -> None:
     unknown = [k for k in kinds if k not in KINDS and k != "bare2"]
     if unknown:
         raise SystemExit(f"--kinds: unknown {', '.join(unknown)}; choose from {', '.join([*KINDS, 'bare2'])}")
-    directory = Path(tempfile.mkdtemp(prefix="bench-floor-"))
-    (directory / "floor_timer.py").write_text(TIMER)
-    for kind in kinds:
-        if kind == "bare2":
-            continue
-        module, conftest, _ = KINDS[kind]
-        (directory / kind).mkdir()
-        (directory / kind / f"test_{kind}.py").write_text(module)
-        if conftest:
-            (directory / kind / "conftest.py").write_text(conftest)
-    rows: dict[str, list[list[float]]] = {kind: [] for kind in kinds}
-    for _ in range(args.rounds):
-        for kind in kinds:
-            if kind == "bare2":
-                rows[kind].append([bench_harness_cost.bare(2) * 1e3])
-            else:
-                rows[kind].append(session(directory, kind, args.tests))
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as directory:
+        rows = measure(Path(directory), kinds, args.tests, args.rounds)
     print(f"ms per test, median of {args.rounds} rounds of K={args.tests} (the rounds in brackets):")
     for kind, rounds in rows.items():
         cells = []
