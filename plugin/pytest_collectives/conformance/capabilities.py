@@ -287,14 +287,22 @@ class Capabilities:
     withheld: dict[Cell, str] = dataclasses.field(default_factory=dict)
     # what all_reduce makes of NaN and +-inf (exceptional_semantics)
     semantics: dict[Semantic, str] = dataclasses.field(default_factory=dict)
-    # what one all_reduce example of 1 Mi elements costs on the live group, drawn, called and checked (the
-    # slowest rank's mean over tiers.SAMPLE), what drawing a 1 Mi input costs there (tiers.timed_draw, the
-    # budget's scale), and whether a sweep's every cell at 1 Mi fits --tier-budget
-    timed: bool = False  # probing.sized has asked; large_example_s is None where it timed nothing
-    large_example_s: float | None = None
+    # whether a sweep runs every cell at 1 Mi, and what decided it: the topology (the most ranks that take
+    # turns on a core, tiers.ranks_a_core), or --tier-budget against what one all_reduce example of 1 Mi
+    # elements costs on the live group, drawn, called and checked (the slowest rank's mean over
+    # tiers.SAMPLE), and what drawing a 1 Mi input costs there (tiers.timed_draw, the budget's scale)
+    timed: bool = False  # probing.sized has asked
+    ranks_a_core: int | None = None  # where the topology decided
+    large_example_s: float | None = None  # where a budget was measured against
     draw_s: float | None = None
     large_cells: int = 0  # all_reduce's, the most cells a sweep has, which the budget must hold
     whole_large_tier: bool = False
+
+    @property
+    def tier_decided(self) -> bool:
+        """Whether this run decided the 1 Mi tier here (by the topology or a measured budget), rather than
+        the user (--tier-budget 0 or inf) or a backend with no all_reduce to time."""
+        return self.ranks_a_core is not None or self.large_example_s is not None
     # cases.supported_cells' answers, asked at every draw of every example: (operations, dtypes, ops) ->
     # cells. Answered afresh each time, they were a fifth of pytest's own time in a profile of the suites.
     answered: dict[Any, list[Any]] = dataclasses.field(

@@ -231,7 +231,8 @@ def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
     across the dtype's whole range (``Values("spread")``: from its subnormals to the top, exact, in one
     call: a gloo call at 8 ranks on 2 cores costs 13 to 21 ms, the sweep's cost); each cell again at 64 Ki
     elements, at a scale turning with the run (where ``tiers_at`` says); and at 1 Mi, every cell where the
-    probe found them to fit the time budget (``tiers``), else one (where ``tiers_at`` says). Over the whole
+    machine holds them (``tiers``: each rank a core or device of its own), else one (where ``tiers_at``
+    says). Over the whole
     world, each cell with its own root. What rotates turns with the run (``rotation.turn``): another each
     run and at each world size, the same for a seed (``--hypothesis-seed``).
 

@@ -181,18 +181,14 @@ class CapabilityMatrix:
             "world_sizes": sorted({n for _, n in self.probes}),
             "cells": rows,
         }
-        timed = {n: caps for (_, n), caps in sorted(self.probes.items()) if caps.large_example_s is not None}
-        if timed:  # what a 1 Mi example cost at each world size, and whether every cell ran at 1 Mi there
+        decided = {n: caps for (_, n), caps in sorted(self.probes.items()) if caps.tier_decided}
+        if decided:  # whether every cell ran at 1 Mi at each world size, and what decided it
+            measured = any(caps.large_example_s is not None for caps in decided.values())
             doc["size_tiers"] = {
-                "budget_s": self.settings.tier_budget_s,
-                "draw_ms": tiers.DRAW_S * 1e3,
-                "world_sizes": [
-                    {"world_size": n, "large_example_ms": round(caps.large_example_s * 1e3, 1),
-                     "draw_ms": round(caps.draw_s * 1e3, 2), "cells": caps.large_cells,
-                     "every_cell_at_1mi": caps.whole_large_tier}
-                    for n, caps in timed.items()
-                ],
-            }  # fmt: skip
+                "budget_s": self.settings.tier_budget_s,  # None where the topology decided
+                **({"draw_ms": tiers.DRAW_S * 1e3} if measured else {}),
+                "world_sizes": [_tier_row(n, caps) for n, caps in decided.items()],
+            }
         if self.configurations() != [""]:  # --backend-env: each configuration's cells, and what differs
             each = {c: self.rows(c) for c in self.configurations() if c not in self.rejected}
             doc["configurations"] = [
@@ -276,7 +272,10 @@ class CapabilityMatrix:
                     "cells": [[*cell, reason] for cell, reason in c.cells.items()],
                     "withheld": [[*cell, reason] for cell, reason in c.withheld.items()],
                     "semantics": [[*key, behaviour] for key, behaviour in c.semantics.items()],
-                    "tiers": [c.timed, c.large_example_s, c.draw_s, c.large_cells, c.whole_large_tier],
+                    "tiers": [
+                        c.timed, c.ranks_a_core, c.large_example_s, c.draw_s, c.large_cells,
+                        c.whole_large_tier,
+                    ],  # fmt: skip
                 }
                 for (configuration, _), c in self.probes.items()
             ],
@@ -295,10 +294,11 @@ class CapabilityMatrix:
         for probe in exported["probes"]:
             cells, withheld = ({(o, d, r): why for o, d, r, why in probe[k]} for k in ("cells", "withheld"))
             semantics = {(o, d, r, v): what for o, d, r, v, what in probe["semantics"]}
-            timed, took, draw, most, whole = probe["tiers"]
+            timed, sharing, took, draw, most, whole = probe["tiers"]
             caps = Capabilities(
                 probe["backend"], probe["device_type"], probe["world_size"], cells, withheld, semantics,
-                timed=timed, large_example_s=took, draw_s=draw, large_cells=most, whole_large_tier=whole,
+                timed=timed, ranks_a_core=sharing, large_example_s=took, draw_s=draw, large_cells=most,
+                whole_large_tier=whole,
             )  # fmt: skip
             held = self.probes.get((probe["configuration"], caps.world_size))
             self.add_probe(_turned_first(held, caps), probe["configuration"])
@@ -553,6 +553,18 @@ def tier_of(largest: int) -> str:
     return "1M" if largest >= TIERS[1] else "64K" if largest >= TIERS[0] else ""
 
 
+def _tier_row(world_size: int, caps: Capabilities) -> dict[str, Any]:
+    """What decided the 1 Mi tier at ``world_size``: the topology (the most ranks a core), or what a 1 Mi
+    example cost against the budget."""
+    row = {"world_size": world_size, "every_cell_at_1mi": caps.whole_large_tier}
+    if caps.large_example_s is None:
+        return {**row, "decided_by": "topology", "ranks_a_core": caps.ranks_a_core}
+    return {
+        **row, "decided_by": "budget", "large_example_ms": round(caps.large_example_s * 1e3, 1),
+        "draw_ms": round(caps.draw_s * 1e3, 2), "cells": caps.large_cells,
+    }  # fmt: skip
+
+
 def _turned_first(held: Capabilities | None, caps: Capabilities) -> Capabilities:
     """Of two xdist workers' probes of one world size, each timed on its own group, the one whose sweeps
     turned the 1 Mi tier, if either's did: the summary must not say every cell ran at 1 Mi there when one
@@ -564,11 +576,12 @@ def _turned_first(held: Capabilities | None, caps: Capabilities) -> Capabilities
 
 def rotation_line(turn: int, world_sizes: list[int], size_tiers: dict[str, Any] | None = None) -> str:
     """Where the size tiers ran and what of them rotated: every cell at 64 Ki; at 1 Mi every cell where
-    the budget held them (``size_tiers``, the document's), else one a sweep."""
+    the machine held them (``size_tiers``, the document's: by its topology, or a measured budget), else
+    one a sweep."""
     from pytest_collectives.conformance.cases import tiers_at
 
-    timed = {t["world_size"]: t for t in (size_tiers or {}).get("world_sizes", [])}
-    whole = [n for n in world_sizes if timed.get(n, {}).get("every_cell_at_1mi")]
+    decided = {t["world_size"]: t for t in (size_tiers or {}).get("world_sizes", [])}
+    whole = [n for n in world_sizes if decided.get(n, {}).get("every_cell_at_1mi")]
     tiered = [n for n in world_sizes if n in whole or tiers_at(n, world_sizes)]
     untiered = [n for n in world_sizes if n not in tiered]
     turning = [n for n in tiered if n not in whole]
@@ -576,6 +589,13 @@ def rotation_line(turn: int, world_sizes: list[int], size_tiers: dict[str, Any] 
         [*([f"every cell at {_listed(whole)} ranks"] if whole else []),
          *([f"one a sweep at {_listed(turning)}"] if turning else [])]
     )  # fmt: skip
+    by_topology = {n: t for n, t in decided.items() if t.get("decided_by") == "topology"}
+    timed = {n: t for n, t in decided.items() if n not in by_topology}
+    if by_topology:
+        sharing = [(t["ranks_a_core"], n) for n, t in by_topology.items()]
+        where += ": by the topology, " + ", ".join(
+            f"{s} rank{'s' * (s != 1)} a core at {n}" for s, n in sharing
+        )
     if timed:
         costs = ", ".join(f"{t['large_example_ms']:g}" for t in timed.values())
         cells = "/".join(map(str, sorted({t["cells"] for t in timed.values()})))
@@ -587,7 +607,7 @@ def rotation_line(turn: int, world_sizes: list[int], size_tiers: dict[str, Any] 
         )
     return (
         f"the sweeps' size tiers at {_listed(tiered)} ranks: every cell at 64 Ki; at 1 Mi every cell where "
-        f"the budget holds them, else one ({where})"
+        f"the machine holds them, else one ({where})"
         + (f" (97 elements only at {_listed(untiered)}); " if untiered else "; ")
         + f"the 1 Mi cells and the layouts' dtypes turned at {turn}, each world size a turn further; "
         f"--hypothesis-seed={turn} turns them there again"

@@ -67,10 +67,11 @@ def probed(config: pytest.Config, world_size: int) -> Capabilities:
 
 
 def sized(config: pytest.Config, found: Capabilities) -> Capabilities:
-    """The probe ``found`` with what a 1 Mi example costs on its live group (tiers.large_example_s, the
-    slowest rank's), and whether a sweep's every cell at 1 Mi fits the budget: all_reduce's, the most cells
-    any sweep has. Timed once per probe, before the first sweep (``@sweep``) that draws from it; kept in
-    the probe's place, where the matrix and a soak's replays read it."""
+    """The probe ``found`` with whether a sweep runs every cell at 1 Mi (``tiers``): by the group's
+    topology, or where --tier-budget asks, by what a 1 Mi example costs on its live group
+    (tiers.large_example_s, the slowest rank's) against the budget for all_reduce's cells, the most any
+    sweep has. Decided once per probe, before the first sweep (``@sweep``) that draws from it; kept in the
+    probe's place, where the matrix and a soak's replays read it."""
     from pytest_collectives.execution.suite_api import SESSION
 
     configuration = config.stash[SESSION].configuration
@@ -91,6 +92,10 @@ def _timed(config: pytest.Config, found: Capabilities) -> Capabilities:
     from pytest_collectives.execution.suite_api import run_on_ranks
 
     budget = config.stash.get(SETTINGS, ConformanceSettings()).tier_budget_s
+    if budget is None:
+        (sharing, *_) = run_on_ranks(config, found.world_size, tiers.ranks_sharing_a_core)
+        whole = tiers.every_cell_by_topology(found.device_type, sharing)
+        return dataclasses.replace(found, timed=True, ranks_a_core=sharing, whole_large_tier=whole)
     sample = [cell for cell in tiers.SAMPLE if found.supports("all_reduce", *cell)]
     if not budget or not sample:
         return dataclasses.replace(found, timed=True)
@@ -109,7 +114,7 @@ def pinned(config: pytest.Config, world_size: int | None, env: Any) -> list[str]
     """What a replay at ``world_size`` (in the configuration of ``env``) must say to run the 1 Mi tier as
     this session did, every cell or the one the seed turns to, whatever it would measure."""
     caps = config.stash.get(_PROBED, {}).get((world_size, env))
-    if caps is None or caps.large_example_s is None:
+    if caps is None or not caps.tier_decided:
         return []
     return ["--tier-budget", "inf" if caps.whole_large_tier else "0"]
 

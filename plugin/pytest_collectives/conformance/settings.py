@@ -24,10 +24,11 @@ OPTIONS = (
            "backends); repeatable, and added to the ini's and the suites' own", metavar="PATH",
            action="append", ini="paths"),
     Option("tier_budget", "seconds all_reduce's every cell at 1 Mi elements may take, at what an example of "
-           "them costs on the live group (timed once per world size), on a machine that draws a 1 Mi input "
-           f"in {tiers.DRAW_S * 1e3:g} ms (the budget scales with the draw timed there): where they fit, "
-           "every sweep there runs every cell at 1 Mi, else one, turning with the run (default "
-           f"{tiers.BUDGET_S:g}; 0: always one; inf: always every cell)", metavar="SECONDS"),
+           "them costs on the live group (timed once per world size, so the tier then follows the "
+           f"machine's load), on a machine that draws a 1 Mi input in {tiers.DRAW_S * 1e3:g} ms: where "
+           "they fit, every sweep there runs every cell at 1 Mi, else one, turning with the run (0: always "
+           f"one; inf: always every cell; e.g. {tiers.BUDGET_S:g}). By default the topology decides: every "
+           "cell where each rank has a core or device of its own, else one", metavar="SECONDS"),
 )  # fmt: skip
 # The session's ConformanceSettings, for probing.sized, which sizes the tiers by its budget.
 SETTINGS = pytest.StashKey["ConformanceSettings"]()
@@ -39,7 +40,7 @@ class ConformanceSettings:
     compare_with: str | None = None  # --capability-compare's path, and its document
     before: dict[str, Any] | None = None
     known_bugs: tuple[known_bugs.KnownBug, ...] = ()  # every manifest's: shipped, the ini's, the option's
-    tier_budget_s: float = tiers.BUDGET_S
+    tier_budget_s: float | None = None  # None: the topology decides the 1 Mi tier (tiers)
 
 
 def read(config: pytest.Config) -> ConformanceSettings:
@@ -55,10 +56,10 @@ def read(config: pytest.Config) -> ConformanceSettings:
     return ConformanceSettings(config.getoption("capability_json"), path, saved(path), bugs, budget)
 
 
-def _seconds(text: str | None) -> float:
-    """--tier-budget's seconds: a number, 0 or more."""
+def _seconds(text: str | None) -> float | None:
+    """--tier-budget's seconds: a number, 0 or more; None where not given."""
     if text is None:
-        return tiers.BUDGET_S
+        return None
     try:
         seconds = float(text)
     except ValueError:

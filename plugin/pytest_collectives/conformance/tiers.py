@@ -1,18 +1,20 @@
-"""How much of the 1 Mi tier a sweep runs: every cell where the time budget holds them, else one a sweep,
-turning with the run (``rotation``).
+"""How much of the 1 Mi tier a sweep runs: every cell, or one a sweep turning with the run (``rotation``).
 
-What a 1 Mi example costs is measured once per world size on the live group, before its first sweep
+Which, the machine decides, not the moment: a run's cells are those of its command, its seed and its
+machine, so that a rerun of a red run, or CI comparing two runs, draws the same examples. By default the
+topology does (``every_cell_by_topology``): every cell where each rank has a core (or a device) of its own,
+one a sweep where ranks take turns on a core (3 or more ranks on 2 cores), which is what the budget below
+measured on a quiet 2-core machine, without its swing: under load the measured cost of a 1 Mi example
+shrank the tier from every cell to one, and a bug planted only at 1 Mi went unseen at some seeds.
+
+``--tier-budget SECONDS`` asks for the measured budget instead, knowing that it follows the machine's load:
+what a 1 Mi example costs is measured once per world size on the live group, before its first sweep
 (``large_example_s``, asked by ``probing.sized``): a few all_reduce examples of 1 Mi elements in different
 dtypes, drawn, called and checked as a sweep's are, the slowest rank's. all_reduce's cells (the most a
-sweep has) at that cost either fit ``--tier-budget`` seconds or they do not. The budget's seconds are a
-machine's that draws a 1 Mi input in DRAW_S; the probe times that draw on the live group and scales the
-budget by it, since the rest of the run slows with the machine too. On the 2-core machine its speed swung
-nearly twofold within minutes, which a budget in plain seconds read as the difference between 2 ranks and
-3. The ranks draw at once, as an example's do, so that the draw meets what the examples meet on a busy
-machine (``timed_draw``). At 2 ranks of a small machine every cell fits (and on a GPU it should):
-every cell at every tier. Where a rank shares its core with others (3 or more ranks on 2 cores), a 1 Mi
-example costs about twice as many draws, every cell at 1 Mi would cost the sweeps several times the rest
-of the run, and one turns instead. The summary line says which, per world size, with what was measured.
+sweep has) at that cost either fit the budget or they do not. The budget's seconds are a machine's that
+draws a 1 Mi input in DRAW_S; the probe times that draw on the live group and scales the budget by it.
+The ranks draw at once, as an example's do, so that the draw meets what the examples meet on a busy
+machine (``timed_draw``). The summary line says which decided, per world size, with what was measured.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-# --tier-budget's default, in the timed example's terms (a sweep's cell at 1 Mi costs about twice it), at
-# DRAW_S a draw: on the 2-core machine a 1 Mi example costs 3.0 to 4.4 draws at 2 ranks, 7.4 to 9.0 at 3,
-# alone or beside one or two busy programs (docs/measurements), so 59 cells 1.4 to 2.1 s at 2 ranks and
-# 3.5 to 4.2 s at 3 in these terms: the budget sits as far from each (1.3 times).
+# A budget in the timed example's terms (a sweep's cell at 1 Mi costs about twice it), at DRAW_S a draw:
+# on the 2-core machine a 1 Mi example costs 3.0 to 4.4 draws at 2 ranks, 7.4 to 9.0 at 3, alone or beside
+# one or two busy programs (docs/measurements), so 59 cells 1.4 to 2.1 s at 2 ranks and 3.5 to 4.2 s at 3
+# in these terms: 2.7 s sits as far from each (1.3 times). The topology's rule draws the same line.
 BUDGET_S = 2.7
 DRAW_S = 0.008  # a 1 Mi float32 input, Values("full"): the machine the budget is for
 # The cells of the timed examples, those supported: a 4-byte float, a 2-byte one, an integer and a
@@ -39,6 +41,25 @@ def every_cell_fits(cells: int, example_s: float | None, draw_s: float | None, b
     1 Mi input in ``draw_s`` (the budget is in DRAW_S terms); never where nothing was measured (a backend
     with no all_reduce to time)."""
     return example_s is not None and draw_s is not None and cells * example_s * DRAW_S <= budget_s * draw_s
+
+
+def every_cell_by_topology(device_type: str, sharing: int) -> bool:
+    """Whether a sweep runs every cell at 1 Mi on this machine: where each rank has a device of its own,
+    or a CPU rank a core of its own (``sharing``, ``ranks_a_core``, is 1). Ranks that take turns on a core
+    pay several times the rest of the run for every cell at 1 Mi; they turn one a sweep."""
+    return device_type != "cpu" or sharing <= 1
+
+
+def ranks_sharing_a_core(pg: Any) -> int:
+    """On every rank: ``ranks_a_core`` of the group, each rank's node and the cores it may run on gathered
+    (its affinity, which warm_groups.rank_cores sets: what the machine is, not how busy it is)."""
+    import torch.distributed as dist
+
+    from pytest_collectives.topology.detect import usable_cores
+
+    seen: list[Any] = [None] * pg.world_size
+    dist.all_gather_object(seen, (pg.node_of(pg.rank), sorted(usable_cores())))
+    return ranks_a_core(seen)
 
 
 def ranks_a_core(cores: Sequence[tuple[int, Sequence[int]]]) -> int:
@@ -92,7 +113,6 @@ def large_example_s(
     from pytest_collectives.algorithms.reference import Values
     from pytest_collectives.conformance.cases import Case
     from pytest_collectives.conformance.properties import all_reduce_matches_reference
-    from pytest_collectives.topology.detect import usable_cores
 
     all_reduce = registry.get("all_reduce")
 
@@ -107,9 +127,7 @@ def large_example_s(
         return time.perf_counter() - start
 
     example(*cells[0], seed=len(cells) * TRIES)
-    seen: list[Any] = [None] * pg.world_size
-    dist.all_gather_object(seen, (pg.node_of(pg.rank), sorted(usable_cores())))
-    sharing = ranks_a_core(seen)
+    sharing = ranks_sharing_a_core(pg)
     took, mean, draws = 0.0, 0.0, []
     for i, cell in enumerate(cells):
         tries = []
