@@ -210,6 +210,46 @@ def test_a_run_that_checked_nothing_fails(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["conformance checked nothing: every conformance test was skipped (N/A)*"])
 
 
+@pytest.mark.skipif(torch_below(2, 13), reason="the strided reduce_scatter bug is gloo's of torch 2.13")
+def test_a_known_bug_that_fired_was_judged_and_any_failed_test_fails_the_verdict(
+    pytester: pytest.Pytester,
+) -> None:
+    """A run of nothing but a known bug judged a test: it passes, not "checked nothing" (issue 74's item
+    7). Seed 6 draws gloo's strided reduce_scatter writing into the view's gaps, a symptom the manifest's
+    entry holds by its kinds (issue 75). Without the manifest the test fails, and the closing verdict
+    says so though the test tried no cell of the matrix (it read PASS above the FAILED line)."""
+    copy_conformance(pytester.path, ("test_layouts.py",))
+    args = (
+        "test_layouts.py", "-k", "reduce_scatter-strided", "--world-sizes", "2", "--hypothesis-seed", "6",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(xfailed=1)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["conformance: PASS, *"])
+    (pytester.path / "known_bugs.json").write_text('{"known_bugs": []}')
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["conformance: FAIL, 1 test failed, *"])
+
+
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+def test_a_sweep_goes_on_past_its_first_failing_cell_so_the_matrix_shows_the_bug_s_scope(
+    pytester: pytest.Pytester,
+) -> None:
+    """A bug of every dtype fails every cell of the sweep, not the first alone: the batch goes on past a
+    failed check and every example is judged (the other dtypes once kept PASS)."""
+    result = run_on_backend(
+        pytester, "mutant_last_element_wrong_in_every_dtype", "-k",
+        "every_supported_cell and all_reduce and not ring", "--capability-json", "m.json",
+        files=("test_every_cell.py",), world_sizes="2",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    rows = json.loads((pytester.path / "m.json").read_text())["cells"]
+    judged = [r for r in rows if r["operation"] == "all_reduce" and r["status"] in ("PASS", "FAIL")]
+    assert len(judged) > 30 and {r["status"] for r in judged} == {"FAIL"}, judged
+
+
 # Backends wrong on purpose (mutant_backends.py): (backend, suite file, -k, what the report must say)
 MUTANTS = [
     # the dtype's whole range reaches these in every run: the sweep tries each supported cell at its top

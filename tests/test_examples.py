@@ -150,15 +150,34 @@ def test_a_failure_stands_whatever_a_later_example_raises(later) -> None:
     assert f"example 3, after this failure, then ended the batch: {name}: refused at 2" in said
 
 
-def test_each_example_reports_up_to_the_first_failure() -> None:
-    kwargs = {"pg": "pg", "batch": [{"x": 1}, {"x": 2}, {"x": 3}]}
-    assert list(each_example(kwargs, "failed", 1)) == [
+def test_each_example_reports_every_failure_and_what_ran_past_it() -> None:
+    """A batch goes on past a failed check, so a sweep judges every cell (a bug in every dtype once showed
+    in the first alone, the rest reading PASS): each failed example is failed, the others passed; past an
+    error that ended the batch nothing ran; with no example named (a crash), each has the call's verdict."""
+    kwargs = {"pg": "pg", "batch": [{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}]}
+    assert list(each_example(kwargs, "failed", {1, 3})) == [
         ({"pg": "pg", "x": 1}, "passed"),
         ({"pg": "pg", "x": 2}, "failed"),
+        ({"pg": "pg", "x": 3}, "passed"),
+        ({"pg": "pg", "x": 4}, "failed"),
     ]
-    assert [v for _, v in each_example(kwargs, "passed", None)] == ["passed"] * 3
+    assert [v for _, v in each_example(kwargs, "failed", {1}, ended_at=1)] == ["passed", "failed"]
+    assert [v for _, v in each_example(kwargs, "failed")] == ["failed"] * 4
+    assert [v for _, v in each_example(kwargs, "passed")] == ["passed"] * 4
     # an example turned down (a call refused in it) passed nothing: the matrix does not count it
-    assert [a["x"] for a, _ in each_example(kwargs, "passed", None, turned_down={1})] == [1, 3]
+    assert [a["x"] for a, _ in each_example(kwargs, "passed", (), turned_down={1})] == [1, 3, 4]
+
+
+def test_a_batch_goes_on_past_a_failed_check_and_ends_at_an_error() -> None:
+    def check(x: int) -> None:
+        assert x % 2, f"{x} is even"
+        if x == 3:
+            raise RuntimeError("the group broke")
+
+    tally = Tally()
+    with tallied(tally), pytest.raises(AssertionError, match="2 is even"):
+        run_batch(check, [{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}], (), {})
+    assert (tally.failed, tally.failed_example, tally.ended_at) == ([1, 2], 1, 2)
 
 
 def test_a_batch_tallies_the_examples_it_turned_down() -> None:
@@ -187,7 +206,7 @@ def test_a_refused_example_ends_only_itself(backend: str, ran: int, resume_at: i
     assert (tally.ran, tally.turned_down, tally.resume_at) == (ran, [1], resume_at)
     assert tally.refused == ["acme refuses int32: Invalid scalar type"]
     kwargs = {"batch": [{"x": 1}, {"x": 2}, {"x": 3}]}
-    judged = [a["x"] for a, _ in each_example(kwargs, "passed", None, tally.turned_down, (), resume_at)]
+    judged = [a["x"] for a, _ in each_example(kwargs, "passed", (), tally.turned_down, (), resume_at)]
     assert judged == ([1, 3] if resume_at is None else [1])
 
 

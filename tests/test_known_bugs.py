@@ -297,3 +297,78 @@ def test_an_inherited_entry_can_be_dropped_and_another_backends_bug_is_named(
 def test_a_bad_drop_is_a_manifest_error(tmp_path: Path, entry: dict, message: str) -> None:
     with pytest.raises(ManifestError, match=re.escape(message)):
         load(manifest(tmp_path / "acme.json", entry))
+
+
+def _failure(check, *args, what: str = "") -> str:
+    """The words ``check(*args)`` fails with, as a failing rank's traceback ends (after ``what``, as the
+    layout test words a reduction's)."""
+    with pytest.raises(AssertionError) as info:
+        check(*args)
+    return f"AssertionError: {what}{info.value}"
+
+
+def _symptoms(what: str, reduces: bool) -> dict[str, str]:
+    """A failure of each kind of wrongness, in the words of the checks the layout test runs (cases and
+    reference, not copied here): ``what`` is its cell, as the test names it."""
+    import torch
+
+    from pytest_collectives.algorithms.reference import assert_reduced_close, placed
+    from pytest_collectives.conformance.cases import assert_moved, sentinel
+
+    inputs = [torch.arange(6, dtype=torch.int32) + r for r in range(2)]
+    expected = inputs[0] + inputs[1]
+    buffer = torch.zeros(12, dtype=torch.int32)
+    gapped = placed(buffer[::2], [buffer[1::2]])  # a strided view, the gaps between its elements watched
+    gapped.copy_(expected)
+    buffer[3] = 7
+
+    if reduces:
+        return {
+            "wrong values": _failure(assert_reduced_close, expected + 1, inputs, "sum", what=f"{what}: "),
+            "written outside": _failure(assert_reduced_close, gapped, inputs, "sum", what=f"{what}: "),
+        }
+    return {
+        "wrong values": _failure(assert_moved, expected + 1, expected, what),
+        "never written": _failure(assert_moved, sentinel(6, torch.int32, "cpu"), expected, what),
+        "written outside": _failure(assert_moved, gapped, expected, what),
+    }
+
+
+def test_a_layout_bug_is_itself_in_every_kind_of_wrongness_and_nothing_else_is() -> None:
+    """Each of gloo's layout bugs explains its cell's failure of every kind it lists (one seed draws wrong
+    values, another elements written into the view's gaps: issue 75's seed 6), and nothing else: not
+    the same kinds in another cell, nor its own cell's exception or shape."""
+    from pytest_collectives.conformance.wrongness import KINDS, kind_of
+
+    layout = [b for b in load(SUITES / "known_bugs.json") if "layout" in b.test and "gloo" in b.backends]
+    assert len(layout) == 9 and all(set(b.kinds) == set(KINDS) for b in layout)
+    cells = {
+        "strided all_reduce on rank 1": True,
+        "strided reduce on rank 0": True,
+        "strided broadcast from rank 0 on rank 1": False,
+        "strided scatter from rank 1 on rank 0": False,
+        "strided reduce_scatter on rank 1": True,
+        "channels_last_to_contiguous broadcast from rank 1 on rank 0": False,
+        "contiguous_to_channels_last scatter from rank 0 on rank 1": False,
+        "channels_last_to_contiguous reduce_scatter on rank 0": True,
+        "contiguous_to_channels_last all_to_all_single on rank 1": False,
+    }
+    for (cell, reduces), entry in zip(cells.items(), layout, strict=True):
+        for kind, failure in _symptoms(cell, reduces).items():
+            assert kind_of(failure) == kind, failure
+            assert [b for b in layout if b.explains(failure)] == [entry], failure
+        others = [
+            f"RuntimeError: {cell}: the call failed",
+            f"AssertionError: {cell}: got torch.int32[4], expected torch.int32[6]",
+            f"AssertionError: {cell} (which the call must only read): 1 of 6 elements wrong (0 never "
+            "written)",
+        ]
+        assert not [failure for failure in others if entry.explains(failure)]
+
+
+def test_a_kind_limits_an_entry_and_an_unknown_kind_is_a_usage_error(tmp_path: Path) -> None:
+    (entry,) = load(manifest(tmp_path / "k.json", bug("t", match="^x: ", kinds=["never written"])))
+    assert entry.explains("AssertionError: x: 3 of 8 elements wrong (3 never written); first at 0")
+    assert not entry.explains("AssertionError: x: 3 of 8 elements wrong (0 never written); first at 0")
+    with pytest.raises(ManifestError, match=r"known_bugs\[0\]\.kinds must be a list of kinds of wrongness"):
+        load(manifest(tmp_path / "k.json", bug("t", kinds=["off by one"])))

@@ -72,6 +72,20 @@ class Bf16TailUnreduced(ReferenceBackend):
         return super().allreduce(tensors, opts)
 
 
+class LastElementWrongInEveryDtype(ReferenceBackend):
+    """all_reduce's last element comes back as its bits inverted (a bool negated), in every dtype and
+    reduce op: a bug of the whole call, whose scope the matrix must show cell by cell."""
+
+    name = "mutant_last_element_wrong_in_every_dtype"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        work = super().allreduce(tensors, opts)
+        work.wait()
+        tail = tensors[0].view(-1)[-1:]
+        tail.copy_(complement(tail))
+        return work
+
+
 class StorageOffsetIgnored(ReferenceBackend):
     """broadcast reads and writes a view as if it began at the start of its storage."""
 
@@ -916,6 +930,7 @@ MUTANTS = [
     WholeVectorsReduced,
     AllGatherInWholeVectors,
     ScalarPassedOver,
+    LastElementWrongInEveryDtype,
 ]
 register(*MUTANTS, RecordsBufferForms)
 declare(RecordsBufferForms.name, built_on="gloo")  # it is gloo: gloo's known bugs hold

@@ -22,6 +22,13 @@ premul_sum"]`` (each part a pattern: ``"* * premul_sum"``), and a test that trie
 that test is the strict xfail, the cells are withheld from every other test's draws, and the matrix shows
 them as known bugs. ``"world_sizes": [1]`` limits an entry, its test and its cells, to those world sizes.
 
+One bug shows more than one symptom as the examples change: a layout bug leaves values wrong at one seed,
+elements never written at another, bytes written into a view's gaps at a third. An entry whose ``match``
+names the cell (``strided reduce_scatter on rank \\d+: sum over \\d+ ranks of torch\\.\\w+: ``) lists the
+kinds of wrongness it shows, ``"kinds": ["wrong values", "never written", "written outside"]``
+(``wrongness.KINDS``): a failure of that cell of any of those kinds is the bug, at every seed, and a
+failure of another kind (an exception, a shape torch did not ask for) is not.
+
 A backend built on another (``declare(backend, built_on="gloo")``) holds that backend's entries too. An
 entry ``{"backends": ["acme"], "test": "test_x", "drops": "gloo", "reason": "..."}`` drops gloo's entry
 for ``test_x`` (``test`` spelled as that entry spells it) from acme's: acme's wrapper avoids the bug, and
@@ -46,6 +53,7 @@ from pathlib import Path
 import pytest
 
 from pytest_collectives.backend_declarations import lineage
+from pytest_collectives.conformance.wrongness import KINDS
 from pytest_collectives.errors import OneLineError
 from pytest_collectives.execution import examples
 from pytest_collectives.execution.configurations import of_item, plain_id
@@ -64,7 +72,7 @@ __all__ = [
 ]
 
 _KEYS = ("backends", "test", "raises", "match", "reason")
-_OPTIONAL = ("cells", "world_sizes")
+_OPTIONAL = ("cells", "world_sizes", "kinds")
 _DROP_KEYS = ("backends", "test", "drops", "reason")
 Cell = tuple[str, str, str]  # operation, dtype, reduce op: capabilities.Cell
 
@@ -83,6 +91,7 @@ class KnownBug:
     source: str  # the manifest it came from, named in the xfail reason
     cells: tuple[Cell, ...] = ()  # patterns of cells withheld from every other test's draws
     world_sizes: tuple[int, ...] = ()  # where the entry holds; all when empty
+    kinds: tuple[str, ...] = ()  # the kinds of wrongness the bug shows (wrongness.KINDS); any when empty
     drops: str = ""  # an entry that drops this backend's inherited entry for ``test`` (and is no bug)
     index: int = 0  # its place in the manifest's list, which a failure it explains elsewhere names
 
@@ -103,8 +112,9 @@ class KnownBug:
 
     def explains(self, failure: str) -> bool:
         """Whether a failure's text (the exception, or a failing rank's traceback) holds this bug: a line
-        ``<raises>: <message>`` whose message ``match`` finds (``examples.explains``)."""
-        return examples.explains(self.raises, self.match, failure)
+        ``<raises>: <message>`` whose message ``match`` finds, of one of its ``kinds``
+        (``examples.explains``)."""
+        return examples.explains(self.raises, self.match, failure, self.kinds)
 
     def matches(self, item: pytest.Item, backend: str) -> bool:
         return self.holds_for(backend) and self.names(item)
@@ -140,7 +150,7 @@ def load(path: str | os.PathLike[str]) -> list[KnownBug]:
             continue
         if not isinstance(entry, dict) or not set(_KEYS) <= set(entry) <= {*_KEYS, *_OPTIONAL}:
             raise ManifestError(
-                f"{where} must have the keys {', '.join(_KEYS)} (and may have cells, world_sizes)"
+                f"{where} must have the keys {', '.join(_KEYS)} (and may have {', '.join(_OPTIONAL)})"
             )
         backends = _named(entry, where, _KEYS[1:])
         if not entry["raises"].isidentifier():
@@ -156,10 +166,14 @@ def load(path: str | os.PathLike[str]) -> list[KnownBug]:
         sizes = entry.get("world_sizes", [])
         if not (isinstance(sizes, list) and all(isinstance(n, int) and n > 0 for n in sizes)):
             raise ManifestError(f"{where}.world_sizes must be a list of world sizes, such as [1]")
+        kinds = entry.get("kinds", [])
+        if not (isinstance(kinds, list) and set(kinds) <= set(KINDS)):
+            raise ManifestError(f"{where}.kinds must be a list of kinds of wrongness: {', '.join(KINDS)}")
         bugs.append(
             KnownBug(
-                tuple(backends), *(entry[key] for key in _KEYS[1:]), path.name, cells, tuple(sizes), index=i
-            )
+                tuple(backends), *(entry[key] for key in _KEYS[1:]), path.name, cells, tuple(sizes),
+                tuple(kinds), index=i,
+            )  # fmt: skip
         )
     return bugs
 
@@ -224,7 +238,7 @@ def mark(config: pytest.Config, items: Iterable[pytest.Item], backend: str, bugs
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
                 item.stash.setdefault(_BUGS, []).append(bug)
                 held = item.stash.get(EXPECTED_FAILURES, ())
-                item.stash[EXPECTED_FAILURES] = (*held, (bug.raises, bug.match))
+                item.stash[EXPECTED_FAILURES] = (*held, (bug.raises, bug.match, bug.kinds))
 
 
 def withheld(config: pytest.Config, backend: str, world_size: int) -> dict[Cell, str]:

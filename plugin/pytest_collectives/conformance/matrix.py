@@ -79,7 +79,10 @@ class CapabilityMatrix:
         # them. A perf-only run probes groups too (the registered algorithms' benchmarks), and must not
         # be judged, or even reported, as a conformance run.
         self.selected = 0
-        self.ran = 0  # conformance tests that ran (passed or failed), cells or not
+        self.ran = 0  # conformance tests judged (passed, failed, or a known bug), cells or not
+        # conformance tests that failed or errored, cells or not: counted where the reports arrive (an xdist
+        # controller hears its workers' too), not merged
+        self.failed = 0
         self.mismatches: dict[tuple[str, str, int], str] = {}  # (operation, kind, world size): behaviour
         # failures in another backend's refusal words, where this backend declares none: (that backend,
         # the first such line) and how many (capabilities.resembles)
@@ -230,7 +233,11 @@ class CapabilityMatrix:
         )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" and not report.skipped and "conformance" in report.keywords:
+        if "conformance" not in report.keywords:
+            return
+        self.failed += report.failed
+        # a known bug that fired (an xfail) was judged: it is no test left untried
+        if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
             self.ran += 1
             if report.failed:
                 from pytest_collectives.backend_declarations import resembles
@@ -322,10 +329,12 @@ class CapabilityMatrix:
         rows = self.rows()  # the cells alone: the rest of document() has no part in the verdict
         statuses = [row["status"] for row in rows]
         counts = {status: statuses.count(status) for status in (FAIL, PASS, KNOWN, NA)}
-        said = [f"{n} {_WORDS[status]}" for status, n in counts.items() if n]
+        # a failed test fails the verdict whether or not it tried a cell (a layout, a training step)
+        said = [f"{self.failed} test{'s' * (self.failed != 1)} failed"] if self.failed else []
+        said += [f"{n} {_WORDS[status]}" for status, n in counts.items() if n]
         stacks = [stack for stack, verdict in training_verdicts(rows).items() if verdict.startswith(FAIL)]
         said += [f"{', '.join(stacks)} failed"] if stacks else []
-        return f"conformance: {FAIL if counts[FAIL] or stacks else PASS}, {', '.join(said)}"
+        return f"conformance: {FAIL if self.failed or counts[FAIL] or stacks else PASS}, {', '.join(said)}"
 
     def summary(self, terminalreporter: Any) -> None:
         if not self.reports() or self.worker:

@@ -30,6 +30,8 @@ import pytest
 if TYPE_CHECKING:  # the ranks import this module for tallied(): hypothesis waits for a test's @examples
     from hypothesis import strategies as st
 
+    from pytest_collectives.execution.messages import ExpectedFailure
+
 # A batch is 1 to CHUNKS lists of 1 to CHUNK examples: about 14 on average, BATCH at most. It still shrinks
 # to one example, in about as many calls as a flat list of 1 to 16 (of about 7) took.
 CHUNK, CHUNKS = 4, 16
@@ -44,12 +46,16 @@ class Tally:
 
     ran: int = 0
     failed_example: int | None = None
+    # every example that failed, the first's batch going on past it to judge the rest (a sweep shows a
+    # bug's whole scope), and the example after which none ran, where one raised what ends the batch
+    failed: list[int] = dataclasses.field(default_factory=list)
+    ended_at: int | None = None
     # examples the test turned down (``assume(False)``: a call refused in one of its cases), which tell
     # nothing: the matrix must not count them as passed
     turned_down: list[int] = dataclasses.field(default_factory=list)
-    # the known bugs this test holds, as (exception name, pattern of its message) (Task.expected), and
-    # the examples that failed with one: the batch goes on past them, judging the others
-    expected: tuple[tuple[str, str], ...] = ()
+    # the known bugs this test holds (Task.expected), and the examples that failed with one: the batch goes
+    # on past them, judging the others
+    expected: tuple[ExpectedFailure, ...] = ()
     known: list[int] = dataclasses.field(default_factory=list)
     known_error: BaseException | None = None  # the first of them
     refused: list[str] = dataclasses.field(default_factory=list)  # the words of each example refused
@@ -210,10 +216,13 @@ def run_batch(
                 tally.known.append(i)
                 tally.known_error = tally.known_error or exc
             elif not isinstance(exc, AssertionError):
+                tally.failed.append(i)
                 _raise_after(first, exc, i, tally)
                 break
-            elif first is None:
-                first, tally.failed_example = exc, i
+            else:
+                tally.failed.append(i)
+                if first is None:
+                    first, tally.failed_example = exc, i
         # pytest's skip and fail are BaseExceptions (``except Exception`` in a test must not swallow
         # them): a batch catches them too, or a later example's skip would hide an earlier failure
         except (pytest.skip.Exception, pytest.fail.Exception) as exc:
@@ -232,25 +241,33 @@ def _raise_after(first: AssertionError | None, exc: BaseException, i: int, tally
     """End a batch at example ``i``, which raised ``exc``: raise it, unless this rank failed a check before
     (that failure is the call's, raised by run_batch; ``exc`` is named beside it)."""
     tally.ran += 1
+    tally.ended_at = i
     if first is None:
         tally.failed_example = i
         raise exc
     _note(first, f"example {i + 1}, after this failure, then ended the batch: {_one_line(exc)}")
 
 
-def explains(raises: str, match: str, failure: str) -> bool:
+def explains(raises: str, match: str, failure: str, kinds: Collection[str] = ()) -> bool:
     """Whether a failure's text (an exception as ``Name: message``, or a traceback) holds a line
-    ``<raises>: <message>`` whose message ``match`` (a regular expression) finds: the one rule by which a
+    ``<raises>: <message>`` whose message ``match`` (a regular expression) finds and, where ``kinds`` are
+    given, that reports one of those kinds of wrongness (``wrongness.kind_of``): the one rule by which a
     known bug is recognised, on the ranks (run_batch) and in pytest (known_bugs.KnownBug.explains)."""
     import re
 
+    from pytest_collectives.conformance.wrongness import kind_of
+
     pattern = re.compile(rf"(?:^|\W){re.escape(raises)}: (.*)$", re.MULTILINE)
-    return any(re.search(match, m.group(1)) for m in pattern.finditer(failure))
+    return any(
+        re.search(match, m.group(1)) and (not kinds or kind_of(m.group(1)) in kinds)
+        for m in pattern.finditer(failure)
+    )
 
 
-def _expected(expected: tuple[tuple[str, str], ...], exc: BaseException) -> bool:
-    """Whether ``exc`` is one of the ``expected`` known bugs, (exception name, pattern of its message)."""
-    return any(explains(name, match, f"{type(exc).__name__}: {exc}") for name, match in expected)
+def _expected(expected: tuple[ExpectedFailure, ...], exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the ``expected`` known bugs."""
+    failure = f"{type(exc).__name__}: {exc}"
+    return any(explains(name, match, failure, kinds) for name, match, kinds in expected)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -272,25 +289,27 @@ KNOWN = "known"  # an example's verdict: it failed with a known bug of its test 
 def each_example(
     kwargs: dict[str, Any],
     verdict: str,
-    failed_example: int | None,
+    failed: Collection[int] = (),
     turned_down: Collection[int] = (),
     known: Collection[int] = (),
     resume_at: int | None = None,
+    ended_at: int | None = None,
 ) -> Iterator[tuple[dict[str, Any], str]]:
-    """(arguments, verdict) of each example of a batch up to its first failure: those before it passed,
-    and those after it tell nothing; nor do those ``turned_down`` (an assumption or a refusal turned them
-    down) or those from ``resume_at`` on (not run in this call). Those ``known`` failed with a known bug
-    of the test: KNOWN."""
+    """(arguments, verdict) of each example of a batch that ran: those ``failed`` (on any rank) failed,
+    the others passed, the batch having gone on past a failed check; where none is named, each has the
+    call's verdict (a crash fails them all). Those ``turned_down`` (an assumption or a refusal turned them
+    down) tell nothing, nor do those past ``ended_at`` (an error ended the batch there) or from
+    ``resume_at`` on (not run in this call). Those ``known`` failed with a known bug of the test: KNOWN."""
     fixtures = {k: v for k, v in kwargs.items() if k != "batch"}
-    failed = verdict == "failed" and failed_example is not None
-    for i, example in enumerate(kwargs["batch"][:resume_at]):
-        if failed and i == failed_example:
-            yield {**fixtures, **example}, verdict
-            return
+    named = verdict == "failed" and bool(failed)
+    last = len(kwargs["batch"]) if ended_at is None else ended_at + 1
+    for i, example in enumerate(kwargs["batch"][: min(last, resume_at or last)]):
         if i in known:
             yield {**fixtures, **example}, KNOWN
+        elif named and i in failed:
+            yield {**fixtures, **example}, verdict
         elif i not in turned_down:
-            yield {**fixtures, **example}, "passed" if failed else verdict
+            yield {**fixtures, **example}, "passed" if named else verdict
 
 
 def is_batched(test: Any) -> bool:

@@ -14,6 +14,10 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+# a known bug as the ranks recognise it: the exception's name, a pattern of its message, and the kinds of
+# wrongness it may show (conformance.wrongness; empty: any)
+ExpectedFailure = tuple[str, str, tuple[str, ...]]
+
 
 @dataclasses.dataclass(frozen=True)
 class GroupSpec:
@@ -51,9 +55,9 @@ class Task:
     hypothesis_inner: bool = False  # call fn.hypothesis.inner_test: the controller runs the engine
     world_size: int = 0  # the ranks it runs on
     timeout_s: float = 0.0  # how long the ranks get: 0 for the session's --dist-timeout
-    # the known bugs the test holds, (exception name, pattern of its message): a batch of examples goes on
-    # past an example that fails with one (examples.run_batch), so that it hides only itself
-    expected: tuple[tuple[str, str], ...] = ()
+    # the known bugs the test holds: a batch of examples goes on past an example that fails with one
+    # (examples.run_batch), so that it hides only itself
+    expected: tuple[ExpectedFailure, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # its configuration (--backend-env): what its group starts with
 
     @classmethod
@@ -109,6 +113,8 @@ class RankResult:
     noted: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     examples: int = 1  # hypothesis examples this call ran: several where @examples batched them
     failed_example: int | None = None  # the first of them that failed on this rank, counted from 0
+    failed: list[int] = dataclasses.field(default_factory=list)  # every one that failed (Tally.failed)
+    ended_at: int | None = None  # the last that ran, where an error ended the batch (Tally.ended_at)
     turned_down: list[int] = dataclasses.field(default_factory=list)  # those an assumption refused
     known: list[int] = dataclasses.field(default_factory=list)  # those that failed with a known bug
     known_failure: str = ""  # the first of them, its traceback

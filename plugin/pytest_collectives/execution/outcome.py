@@ -25,6 +25,8 @@ class RankReport:
     dirty: list[str] = dataclasses.field(default_factory=list)  # what the test left unfit on this rank
     examples: int = 1  # hypothesis examples the call ran (several in a batch of @examples)
     failed_example: int | None = None  # the first of them that failed here
+    failed: list[int] = dataclasses.field(default_factory=list)  # every one that failed here
+    ended_at: int | None = None  # the last that ran here, where an error ended the batch
     turned_down: list[int] = dataclasses.field(default_factory=list)  # those an assumption refused here
     known: list[int] = dataclasses.field(default_factory=list)  # those that failed with a known bug here
     known_failure: str = ""  # the first of them, its traceback
@@ -43,6 +45,8 @@ class RankReport:
             noted=result.noted,
             examples=result.examples,
             failed_example=result.failed_example,
+            failed=result.failed,
+            ended_at=result.ended_at,
             turned_down=result.turned_down,
             known=result.known,
             known_failure=result.known_failure,
@@ -80,6 +84,15 @@ class GroupOutcome:
     def failed_example(self) -> int | None:
         """In a batch of examples, the first that failed on any rank."""
         return min((r.failed_example for r in self.ranks if r.failed_example is not None), default=None)
+
+    def failed(self) -> set[int]:
+        """In a batch of examples, every one that failed on any rank: the batch went on past a failed
+        check, so a sweep's other cells were judged too."""
+        return {i for r in self.ranks for i in r.failed}
+
+    def ended_at(self) -> int | None:
+        """In a batch an error ended, the last example that ran on every rank."""
+        return min((r.ended_at for r in self.ranks if r.ended_at is not None), default=None)
 
     def turned_down(self) -> set[int]:
         """In a batch of examples, those an assumption refused on any rank: they passed nothing."""

@@ -34,16 +34,16 @@ from pytest_collectives.execution.hypothesis_calls import (
     replay_hypothesis_calls,
     stable_seed,
 )
-from pytest_collectives.execution.messages import REJECTED, Task, packed
+from pytest_collectives.execution.messages import REJECTED, ExpectedFailure, Task, packed
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
 from pytest_collectives.execution.suite_api import PARAMS, SIZES, OnRanks
 
 _outcome_key = pytest.StashKey[GroupOutcome]()
 
 
-# The known bugs a test holds, (exception name, pattern of its message): conformance.known_bugs sets it, and
-# the ranks run a batch of examples past one that fails with one of them (examples.run_batch).
-EXPECTED_FAILURES = pytest.StashKey[tuple[tuple[str, str], ...]]()
+# The known bugs a test holds: conformance.known_bugs sets it, and the ranks run a batch of examples past
+# one that fails with one of them (examples.run_batch).
+EXPECTED_FAILURES = pytest.StashKey[tuple[ExpectedFailure, ...]]()
 _KNOWN_SEEN = pytest.StashKey[str]()  # the first example's failure with one of them
 
 
@@ -261,8 +261,9 @@ class DistributedSession:
         calls = (
             list(
                 examples.each_example(
-                    kwargs, verdict, failed_at, outcome.turned_down(), outcome.known(), outcome.resume_at()
-                )
+                    kwargs, verdict, outcome.failed(), outcome.turned_down(), outcome.known(),
+                    outcome.resume_at(), outcome.ended_at(),
+                )  # fmt: skip
             )
             if batched
             else [(kwargs, verdict)]

@@ -181,6 +181,8 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         noted=noted,
         examples=tally.ran or 1,
         failed_example=tally.failed_example,
+        failed=tally.failed,
+        ended_at=tally.ended_at,
         turned_down=tally.turned_down,
         known=tally.known,
         refused=tally.refused,
