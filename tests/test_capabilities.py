@@ -250,6 +250,44 @@ def test_a_sweep_goes_on_past_its_first_failing_cell_so_the_matrix_shows_the_bug
     assert len(judged) > 30 and {r["status"] for r in judged} == {"FAIL"}, judged
 
 
+# all_reduce wrong in its last element, planted in the test module itself (imported by pytest and the
+# ranks): a Python backend can't run the decompositions (torch gives its reduce no device backend)
+_LAST_ELEMENT_WRONG = """
+import torch.distributed as _dist
+from pytest_collectives import complement as _complement
+
+_all_reduce = _dist.all_reduce
+
+
+def _planted(tensor, *args, **kwargs):
+    done = _all_reduce(tensor, *args, **kwargs)
+    if tensor.numel():
+        last = (-1,) * tensor.dim()
+        tensor[last] = _complement(tensor[last].reshape(1).clone())[0]
+    return done
+
+
+_dist.all_reduce = _planted
+"""
+
+
+def test_a_broken_all_reduce_is_blamed_not_the_decompositions_that_are_right(
+    pytester: pytest.Pytester,
+) -> None:
+    """Each decomposition is judged against the exact reference: a broken all_reduce fails as all_reduce,
+    where it once read "reduce_broadcast(root=-1) disagrees with all_reduce"."""
+    copy_conformance(pytester.path, ("test_all_reduce.py",))
+    suite = pytester.path / "test_all_reduce.py"
+    suite.write_text(suite.read_text() + _LAST_ELEMENT_WRONG)
+    result = pytester.runpytest(
+        "test_all_reduce.py", "-k", "decompositions_agree", "--world-sizes", "2", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*AssertionError: all_reduce: * over 2 ranks of torch.*"])
+    assert "reduce_broadcast(root=-1):" not in result.stdout.str()
+    assert "reduce_scatter_all_gather:" not in result.stdout.str()
+
+
 # Backends wrong on purpose (mutant_backends.py): (backend, suite file, -k, what the report must say)
 MUTANTS = [
     # the dtype's whole range reaches these in every run: the sweep tries each supported cell at its top
