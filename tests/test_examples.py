@@ -331,3 +331,20 @@ def test_an_example_s_seed_reads_a_long_blob_by_its_checksum() -> None:
     assert seed == stable_seed_of("t", {"payload": (0, {"blob": bytes(blob)})})
     assert seed != stable_seed_of("t", {"payload": (0, {"blob": blob[:-1] + b"\1"})})
     assert seed != stable_seed_of("t", {"payload": (1, {"blob": blob})})
+
+
+def test_a_failure_names_the_group_its_calls_saw() -> None:
+    """A subgroup's members are drawn to fold over any world size: frozenset({0, 2, 4, 6}) at 4 ranks is
+    the group [0, 2], and the failure says so, where it named the members drawn."""
+    from pytest_collectives.conformance.cases import group_of
+
+    pg = SimpleNamespace(world_size=4, rank=0, group=None, new_group=lambda ranks: object())
+
+    def check(members: frozenset[int] | None) -> None:
+        group_of(pg, members)
+        assert members is None, "wrong in a subgroup"
+
+    with tallied(Tally()), pytest.raises(AssertionError) as info:
+        run_batch(check, [{"members": None}, {"members": frozenset({0, 2, 4, 6})}], (), {})
+    said = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert "(ran in the group of global ranks [0, 2] of 4)" in said

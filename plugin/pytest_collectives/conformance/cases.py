@@ -34,7 +34,7 @@ from pytest_collectives.algorithms.reference import (
 from pytest_collectives.conformance import capabilities as caps
 from pytest_collectives.conformance import rotation
 from pytest_collectives.conformance.capabilities import DTYPES, NO_OP, REDUCE_OPS, Cell, dtype_name
-from pytest_collectives.execution import shared_inputs
+from pytest_collectives.execution import examples, shared_inputs
 from pytest_collectives.execution.suite_api import item_parameter, item_world_sizes
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -319,6 +319,7 @@ def group_of(pg, members: frozenset[int] | None) -> tuple[object | None, list[in
     if members is None:
         return pg.group, list(range(pg.world_size))
     ranks = sorted({m % pg.world_size for m in members})
+    examples.ran_in(f"the group of global ranks {ranks} of {pg.world_size}")
     return pg.new_group(ranks), ranks
 
 

@@ -95,6 +95,20 @@ def tallied(tally: Tally) -> Iterator[None]:
         _TALLY.reset(token)
 
 
+# What the running example's failure must say of where it ran, beyond its drawn values: the group its calls
+# saw (cases.group_of), where the example names members to fold over the world size
+_WHERE: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("collectives_where", default=None)
+
+
+def ran_in(where: str) -> None:
+    """Note, for the running example's failure, where it ran (``"the group of global ranks [0, 2]"``): a
+    failure names the group as the call saw it, not the members drawn (frozenset({0, 2, 4, 6}) at 4 ranks
+    is the group [0, 2])."""
+    said = _WHERE.get()
+    if said is not None and where not in said:
+        said.append(where)
+
+
 def examples(**strategies: st.SearchStrategy[Any]) -> Callable[[F], F]:
     """Like ``hypothesis.given(**strategies)``, with BATCH examples at most per call of the test."""
     from hypothesis import strategies as st
@@ -194,6 +208,7 @@ def run_batch(
     for i, example in enumerate(batch):
         if hasattr(pg, "reseed"):
             pg.reseed(example)
+        where = _WHERE.set([])
         try:
             fn(*args, **kwargs, **example)
         except ExampleRefused as exc:
@@ -216,10 +231,12 @@ def run_batch(
                 tally.known.append(i)
                 tally.known_error = tally.known_error or exc
             elif not isinstance(exc, AssertionError):
+                _said_where(exc)
                 tally.failed.append(i)
                 _raise_after(first, exc, i, tally)
                 break
             else:
+                _said_where(exc)
                 tally.failed.append(i)
                 if first is None:
                     first, tally.failed_example = exc, i
@@ -228,6 +245,8 @@ def run_batch(
         except (pytest.skip.Exception, pytest.fail.Exception) as exc:
             _raise_after(first, exc, i, tally)
             break
+        finally:
+            _WHERE.reset(where)
         tally.ran += 1
     if first is not None:
         raise first
@@ -235,6 +254,12 @@ def run_batch(
     # only be drawn again the same: it ends, and the test is N/A if no example of it ran (dispatch)
     if not tally.ran and tally.resume_at is None and not (tally.refused and isinstance(batch, Sweep)):
         raise UnsatisfiedAssumption
+
+
+def _said_where(exc: BaseException) -> None:
+    """Note on ``exc`` where its example ran (``ran_in``)."""
+    if said := _WHERE.get():
+        _note(exc, f"(ran in {'; '.join(said)})")
 
 
 def _raise_after(first: AssertionError | None, exc: BaseException, i: int, tally: Tally) -> None:
