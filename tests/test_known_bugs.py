@@ -338,7 +338,7 @@ def test_a_layout_bug_is_itself_in_every_kind_of_wrongness_and_nothing_else_is()
     """Each of gloo's layout bugs explains its cell's failure of every kind it lists (one seed draws wrong
     values, another elements written into the view's gaps: issue 75's seed 6), and nothing else: not
     the same kinds in another cell, nor its own cell's exception or shape."""
-    from pytest_collectives.conformance.wrongness import KINDS, kind_of
+    from pytest_collectives.execution.wrongness import KINDS, kind_of
 
     layout = [b for b in load(SUITES / "known_bugs.json") if "layout" in b.test and "gloo" in b.backends]
     assert len(layout) == 9 and all(set(b.kinds) == set(KINDS) for b in layout)

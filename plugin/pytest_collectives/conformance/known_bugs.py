@@ -53,13 +53,13 @@ from pathlib import Path
 import pytest
 
 from pytest_collectives.backend_declarations import lineage
-from pytest_collectives.conformance.wrongness import KINDS
 from pytest_collectives.errors import OneLineError
 from pytest_collectives.execution import examples
 from pytest_collectives.execution.configurations import of_item, plain_id
 from pytest_collectives.execution.messages import FAILED
 from pytest_collectives.execution.session import EXPECTED_FAILURES
 from pytest_collectives.execution.suite_api import settings_of
+from pytest_collectives.execution.wrongness import KINDS
 
 __all__ = [
     "KnownBug",

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pytest
 
+from pytest_collectives.execution.wrongness import kind_of
+
 if TYPE_CHECKING:  # the ranks import this module for tallied(): hypothesis waits for a test's @examples
     from hypothesis import strategies as st
 
@@ -279,8 +281,6 @@ def explains(raises: str, match: str, failure: str, kinds: Collection[str] = ())
     given, that reports one of those kinds of wrongness (``wrongness.kind_of``): the one rule by which a
     known bug is recognised, on the ranks (run_batch) and in pytest (known_bugs.KnownBug.explains)."""
     import re
-
-    from pytest_collectives.conformance.wrongness import kind_of
 
     pattern = re.compile(rf"(?:^|\W){re.escape(raises)}: (.*)$", re.MULTILINE)
     return any(

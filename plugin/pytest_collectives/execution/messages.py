@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 # a known bug as the ranks recognise it: the exception's name, a pattern of its message, and the kinds of
-# wrongness it may show (conformance.wrongness; empty: any)
+# wrongness it may show (execution.wrongness; empty: any)
 ExpectedFailure = tuple[str, str, tuple[str, ...]]
 
 
