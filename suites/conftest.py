@@ -9,12 +9,10 @@ from hypothesis import HealthCheck, settings
 
 try:
     from pytest_collectives import format_size, parse_size, settings_of, size_sweep
-except ModuleNotFoundError as exc:  # this pytest's Python lacks the plugin: say what to do, in one line
-    raise pytest.UsageError(
-        f"the suites need the pytest-collectives plugin, which this Python ({exc.name} missing) lacks: run "
-        "them with the Python that has it (after the tox set-up: .tox/suites/bin/python -m pytest suites), "
-        "or install it here: python -m pip install -e '.[suites]'"
-    ) from None
+
+    _MISSING = ""
+except ModuleNotFoundError as exc:  # this pytest's Python lacks the plugin: said at configure (below)
+    _MISSING = str(exc.name)
 
 # Examples run on every rank, so their time varies with the machine's load: no deadline. The example
 # database is hypothesis' default (.hypothesis/ in the working directory), so a failure found once is
@@ -32,6 +30,18 @@ CI_BATCHES_PER_TEST = 15
 settings.register_profile("ci", max_examples=CI_BATCHES, **_COMMON)
 settings.register_profile("thorough", max_examples=200, **_COMMON)
 settings.load_profile("ci")  # --hypothesis-profile thorough (hypothesis' own option) overrides this
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Where this pytest's Python lacks the plugin, say what to do in one line: an error raised while the
+    conftest is imported is printed as an ImportError with its frame."""
+    if _MISSING:
+        raise pytest.UsageError(
+            f"the suites need the pytest-collectives plugin, which this Python ({_MISSING} missing) lacks: "
+            "run them with the Python that has it (after the tox set-up: .tox/suites/bin/python -m pytest "
+            "suites), or install it here: python -m pip install -e '.[suites]'"
+        )
 
 
 @pytest.hookimpl(trylast=True)  # after the plugin settled the world sizes and hypothesis its profile

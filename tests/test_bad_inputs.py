@@ -258,3 +258,25 @@ def test_the_cases_cover_every_kind_of_bad_input() -> None:
         "named-directory",
     }  # fmt: skip
     assert required <= ids, required - ids
+
+
+def test_the_suites_without_the_plugin_say_so_in_one_line(tmp_path: Path) -> None:
+    """A pytest whose Python lacks the plugin (a system pytest beside the tox set-up) is told what to do in
+    one line, where the error raised while the suites' conftest was imported was printed as an
+    ImportError with its frame."""
+    import os
+    import subprocess
+    import sys
+
+    suite = Path(__file__).parents[1] / "suites" / "conformance" / "test_layouts.py"
+    # the plugin's package unimportable, as in a Python that never installed it
+    hide = "import sys; sys.modules['pytest_collectives'] = None; import pytest; sys.exit(pytest.main())"
+    run = subprocess.run(
+        [sys.executable, "-c", hide, str(suite), "-p", "no:cacheprovider", "--co"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )  # fmt: skip
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    (line,) = [text for text in run.stderr.splitlines() if text.strip()]
+    assert line.startswith("ERROR: the suites need the pytest-collectives plugin, which this Python"), line
+    assert "Traceback" not in run.stdout + run.stderr and "ImportError" not in run.stdout + run.stderr
