@@ -288,6 +288,19 @@ def test_a_broken_all_reduce_is_blamed_not_the_decompositions_that_are_right(
     assert "reduce_scatter_all_gather:" not in result.stdout.str()
 
 
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+def test_a_refusal_that_wrote_the_caller_s_tensor_fails(pytester: pytest.Pytester) -> None:
+    """A refusal in the backend's own words is N/A only where the call changed nothing: one that zeroed the
+    caller's tensor first read as N/A beside an honest refusal."""
+    result = run_on_backend(
+        pytester, "mutant_writes_then_refuses_channels_last", "-k", "all_reduce-channels_last",
+        files=("test_layouts.py",), world_sizes="2",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    said = "channels_last all_reduce, refused, on rank ? (which the call must only read): * elements wrong"
+    result.stdout.fnmatch_lines([f"*AssertionError: {said}*"])
+
+
 # Backends wrong on purpose (mutant_backends.py): (backend, suite file, -k, what the report must say)
 MUTANTS = [
     # the dtype's whole range reaches these in every run: the sweep tries each supported cell at its top

@@ -118,6 +118,7 @@ class Call:
         self.input_layout, self.output_layout = LAYOUTS[layout]
         self.dtype, self.shape, self.in_place = tensors.dtype, tensors.shape, in_place
         self.checks: list[Callable[[], None]] = []
+        self.handed: list[tuple[torch.Tensor, torch.Tensor]] = []  # each tensor given the call, its values
 
     def input(self, rank: int, peer: int = 0, blocks: int = 1) -> torch.Tensor:
         """What ``rank`` sends ``peer`` (the same on every rank): ``blocks`` of the shape along dim 0."""
@@ -127,6 +128,7 @@ class Call:
     def laid(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as the call's inputs are laid out."""
         laid = arranged(tensor, self.input_layout, self.device)
+        self.handed.append((laid, tensor))
         if not self.in_place:
             what = f"{self.layout} input on rank {self.me}"
             self.checks.append(lambda: assert_unchanged(laid, tensor, what))
@@ -134,7 +136,17 @@ class Call:
 
     def unwritten(self, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """A sentinel-filled tensor as the call's outputs are laid out."""
-        return arranged(sentinel(shape or self.shape, self.dtype, "cpu"), self.output_layout, self.device)
+        out = arranged(sentinel(shape or self.shape, self.dtype, "cpu"), self.output_layout, self.device)
+        # its bytes: a bool's copy reads the sentinel byte 0xFF as True and writes 0x01
+        self.handed.append((out, out.view(torch.uint8).clone().view(torch.bool) if out.dtype == torch.bool
+                            else out.clone()))  # fmt: skip
+        return out
+
+    def assert_untouched(self, name: str) -> None:
+        """Every tensor the call was handed holds what it held: a call refused in the backend's words is N/A
+        only where it changed nothing (one that wrote the caller's tensor, then refused, read as N/A)."""
+        for tensor, before in self.handed:
+            assert_unchanged(tensor, before, f"{self.layout} {name}, refused, on rank {self.me}")
 
     def output(self, expected: torch.Tensor, what: str) -> torch.Tensor:
         """A sentinel-filled output, checked after the call to hold ``expected``'s bits."""
@@ -276,6 +288,7 @@ def test_backend_call_in_a_layout(pg, name, layout, tensors):
         CALLS[name][0](call)
     except Exception as exc:
         if reason := refusal(exc, pg.backend):
+            call.assert_untouched(name)
             inputs, outputs = LAYOUTS[layout]
             what = f"a {layout} tensor" if inputs == outputs else f"a {inputs} input into a {outputs} output"
             refused_example(f"{pg.backend} refuses {name} of {what}: {reason}")

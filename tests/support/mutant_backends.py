@@ -15,7 +15,7 @@ import torch
 import torch._C._distributed_c10d as _options  # every op's options (torch.distributed lacks some)
 import torch.distributed as dist
 
-from pytest_collectives import backend_env_preset, complement, declare
+from pytest_collectives import backend_env_preset, complement, declare, refuses
 from pytest_collectives.refbackend import NcclRulesBackend, ReferenceBackend, register
 
 
@@ -84,6 +84,19 @@ class LastElementWrongInEveryDtype(ReferenceBackend):
         tail = tensors[0].view(-1)[-1:]
         tail.copy_(complement(tail))
         return work
+
+
+class WritesThenRefusesChannelsLast(ReferenceBackend):
+    """all_reduce of a non-contiguous tensor zeroes it, then refuses the layout in NCCL's words: a refusal
+    that has already changed the caller's tensor, which read as N/A."""
+
+    name = "mutant_writes_then_refuses_channels_last"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        if not tensors[0].is_contiguous():
+            tensors[0].zero_()
+            raise RuntimeError("Tensors must be contiguous")
+        return super().allreduce(tensors, opts)
 
 
 class StorageOffsetIgnored(ReferenceBackend):
@@ -931,7 +944,9 @@ MUTANTS = [
     AllGatherInWholeVectors,
     ScalarPassedOver,
     LastElementWrongInEveryDtype,
+    WritesThenRefusesChannelsLast,
 ]
 register(*MUTANTS, RecordsBufferForms)
+refuses(WritesThenRefusesChannelsLast.name, "Tensors must be contiguous")
 declare(RecordsBufferForms.name, built_on="gloo")  # it is gloo: gloo's known bugs hold
 backend_env_preset("acme-proto", {"ACME_PROTO": ["LL", "LL128", "Simple"]})
