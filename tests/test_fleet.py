@@ -299,6 +299,23 @@ def test_nodes_are_named_by_host_then_folder_then_path(tmp_path):
     assert {n.path: n.name for n in load_reports(paths)}[paths[-1]] == "f"
 
 
+def test_one_host_given_twice_is_warned_of(tmp_path, capsys):
+    """Two reports of one host (a node run twice, or its report copied) count it twice in every median:
+    the fleet says so, and still judges what it was given."""
+    rng = random.Random(5)
+    paths = [write_node(tmp_path / name, node_data(rng), host=f"{name}.example") for name in "abcd"]
+    paths.append(write_node(tmp_path / "a-again", node_data(rng), host="a.example"))
+    fleet.main([*paths, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.splitlines()
+    given = ", ".join(sorted([paths[0], paths[-1]]))
+    assert err == [
+        f"fleet: warning: a.example: 2 reports of this one host ({given}); its figures count 2 times in the "
+        "fleet's medians: give one report a node"
+    ]
+    fleet.main([*paths[:-1], "--out", str(tmp_path / "out")])
+    assert capsys.readouterr().err == ""
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Bad inputs: one line naming the file, exit 2
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pytest_collectives.nodereport.fleet.reading import load_reports
+from pytest_collectives.nodereport.fleet.reading import load_reports, repeated_hosts
 from pytest_collectives.nodereport.fleet.stats import (
     DEFAULT_FAIL_BELOW,
     DEFAULT_WARN_BELOW,
@@ -83,7 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         check_levels(args.fail_below, args.warn_below)
-        result = judge_fleet(load_reports(args.reports), args.fail_below, args.warn_below)
+        nodes = load_reports(args.reports)
+        for line in repeated_hosts(nodes):
+            print(f"fleet: warning: {line}", file=sys.stderr)
+        result = judge_fleet(nodes, args.fail_below, args.warn_below)
         written = write_fleet(args.out, result)
     except FleetError as e:
         print(f"fleet: {e}", file=sys.stderr)

@@ -125,10 +125,25 @@ def load_reports(paths: Sequence[str | os.PathLike[str]]) -> list[Node]:
         for path in shared:
             labels[path] = path
     nodes = [
-        Node(labels[path], path, report["topology_id"], report_figures(report))
+        Node(labels[path], path, report["topology_id"], report_figures(report), report.get("host") or "")
         for path, report in reports.items()
     ]
     return sorted(nodes, key=lambda n: (n.name, n.path))
+
+
+def repeated_hosts(nodes: Sequence[Node]) -> list[str]:
+    """A line for each host whose reports were given more than once: one node's runs count as several
+    nodes in the fleet's medians, which then outvote the others by that node alone."""
+    paths: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.host:
+            paths.setdefault(node.host, []).append(node.path)
+    return [
+        f"{host}: {len(given)} reports of this one host ({', '.join(sorted(given))}); its figures count "
+        f"{len(given)} times in the fleet's medians: give one report a node"
+        for host, given in sorted(paths.items())
+        if len(given) > 1
+    ]
 
 
 def _one_topology(reports: Mapping[str, Mapping[str, Any]]) -> None:

@@ -67,6 +67,7 @@ class Node:
     path: str
     topology_id: str
     figures: Mapping[str, Figure]
+    host: str = ""  # the report's own, where it names one
 
 
 @dataclasses.dataclass(frozen=True)
