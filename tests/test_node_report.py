@@ -534,3 +534,29 @@ def test_a_baseline_check_with_nothing_judged_never_reads_pass(tmp_path, baselin
     check = next(c for c in report["checks"] if c["name"] == "benchmark baseline")
     assert check["status"] == status and check["reason"].startswith(said), check
     assert report["verdict"] != "PASS"
+
+
+@pytest.mark.parametrize(
+    "gate, status, said",
+    [
+        ({"status": "FAIL", "words": "FAIL, a machine-wide slowdown", "other_topology": None}, "FAIL",
+         "The gate: FAIL, a machine-wide slowdown."),
+        ({"status": "PASS", "words": "PASS, 2 benchmark(s) judged", "other_topology": "gpu-8x"}, "PASS",
+         "Judged against a baseline of another topology (gpu-8x), as asked: PASS, 2 benchmark(s)"),
+        ({"status": "NOT JUDGED", "words": "NOT JUDGED, too few runs", "other_topology": None}, "WARN",
+         "The gate: NOT JUDGED"),
+    ],
+)  # fmt: skip
+def test_the_baseline_check_is_the_gate_s_own_verdict(tmp_path, gate, status, said):
+    """The report renders what the gate decided, not a rule of its own: it read PASS, "none is slower
+    beyond noise", beside a machine-wide slowdown the gate failed with exit 1 (no one benchmark was slower
+    than the rest), and PASS against another topology's baseline without saying so."""
+    row = {"baseline_median_s": 0.01, "now_median_s": 0.02, "ratio": 2.0, "verdict": "unchanged"}
+    data = cpu_data()
+    data["baseline"] = {
+        "available": True, "path": "b.json", "gate": gate,
+        "rows": [{"benchmark": f"test_x[{i}]", **row} for i in range(2)],
+    }  # fmt: skip
+    report = read_json(write_report(tmp_path, data))
+    check = next(c for c in report["checks"] if c["name"] == "benchmark baseline")
+    assert check["status"] == status and check["reason"].startswith(said), check

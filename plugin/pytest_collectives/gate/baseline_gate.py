@@ -101,6 +101,7 @@ class BaselineGate:
         self.statistic = "p05"  # of each benchmark's rounds: set from the baseline when judged
         self.failed = False
         self.outcome: list[str] = []  # what the gate decided, in a few words each: its closing verdict
+        self.status: str | None = None  # the worst of its judgements (_judged_as), which the report renders
         self.fingerprint: Fingerprint | None = None
         self.resolved: ResolvedBaseline | None = None
         self.looked_up = False  # _resolve ran: `resolved` is the answer, None meaning no baseline
@@ -176,7 +177,7 @@ class BaselineGate:
             why = self._why_no_results()
             self.error = f"gate error: no benchmark results to save (--baseline-save): {why}"
         elif not self.error and self.benchmarks_selected:  # (None on an xdist controller: not known there)
-            self.outcome.append(f"NOT JUDGED, {self._why_no_results()}")
+            self._judged_as("NOT JUDGED", self._why_no_results())
         if self.error:
             self.lines.append(self.error)
             self.failed = True
@@ -305,12 +306,12 @@ class BaselineGate:
         if verdicts and self.settings.fail_on_regression:
             self.lines.append(f"FAILED: {' and '.join(verdicts)} (--fail-on-regression)")
             self.failed = True
-            self.outcome.append(f"FAIL, {' and '.join(verdicts)}")
+            self._judged_as("FAIL", " and ".join(verdicts))
         elif verdicts:
             self.lines.append(f"{' and '.join(verdicts)}; report mode: add --fail-on-regression to gate")
-            self.outcome.append(f"WARN, {' and '.join(verdicts)} (report mode)")
+            self._judged_as("WARN", " and ".join(verdicts) + " (report mode)")
         elif result.judged:
-            self.outcome.append(f"PASS, {len(result.judged)} benchmark(s) judged against {base.path}")
+            self._judged_as("PASS", f"{len(result.judged)} benchmark(s) judged against {base.path}")
 
     def _missing(self) -> str:
         named = "" if self.name == DEFAULT_NAME else f", {self.name}.json"
@@ -339,7 +340,7 @@ class BaselineGate:
                 self.error = f"baseline error: {degraded}"
             else:
                 self.lines.append(f"DEGRADED? {degraded}")
-                self.outcome.append(f"WARN, {why}, and this node looks degraded ({near.topology_id} differs)")
+                self._judged_as("WARN", f"{why}, and this node looks degraded ({near.topology_id} differs)")
             return
         if not any(d.lost for d in near.differences):
             what += f", none of which can be a fault: judge against it with `--baseline {near.topology_id}`"
@@ -356,7 +357,7 @@ class BaselineGate:
             )
         else:
             self.lines.append(f"{why}: nothing judged; record one with {record}")
-            self.outcome.append(f"NOT JUDGED, {why}")
+            self._judged_as("NOT JUDGED", why)
 
     def _say_machine(self, result: GateResult) -> None:
         machine = result.machine
@@ -506,11 +507,33 @@ class BaselineGate:
         except OSError as exc:
             self.lines.append(f"gate report not written to {directory}: {exc.strerror}")
 
+    def _judged_as(self, status: str, words: str) -> None:
+        """One judgement of the gate's, in its closing line; the worst of them is its status."""
+        self.outcome.append(f"{status}, {words}")
+        ranked = ("PASS", "NOT JUDGED", "WARN", "FAIL")
+        if self.status is None or ranked.index(status) > ranked.index(self.status):
+            self.status = status
+
     def verdict(self) -> str | None:
         """The closing line: what the gate decided, or None where it had nothing to say."""
         if self.error:
             return f"performance gate: FAIL, {self.error}"
         return f"performance gate: {'; '.join(self.outcome)}" if self.outcome else None
+
+    def judgement(self) -> dict[str, str | None] | None:
+        """What the gate decided, for the node report to render as it is, not judge again: its status
+        (PASS, NOT JUDGED, WARN, FAIL), its words, and the topology of the baseline where it is another's
+        (--baseline); None where it judged nothing."""
+        if self.error:
+            status: str | None = "FAIL"
+        elif self.status is None:
+            return None
+        else:
+            status = self.status
+        foreign = self.resolved.baseline.topology_id if self.resolved and self.resolved.foreign else None
+        words = self.verdict() or ""
+        said = words.removeprefix("performance gate: ")
+        return {"status": status, "words": said, "other_topology": foreign}
 
     def summary(self, terminalreporter: Any) -> None:
         if not self.lines and not self.rows:

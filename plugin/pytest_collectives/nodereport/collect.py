@@ -215,6 +215,7 @@ class NodeReport:
                 "error": gate_plugin.error or None,
                 "path": str(gate_plugin.baseline_path) if gate_plugin.baseline_path else None,
                 "regression_threshold": 1 + gate_plugin.settings.min_effect / 2,
+                "gate": gate_plugin.judgement(),
                 "rows": [
                     {
                         "benchmark": name,
