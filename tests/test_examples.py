@@ -179,6 +179,15 @@ def test_a_batch_goes_on_past_a_failed_check_and_ends_at_an_error() -> None:
         run_batch(check, [{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}], (), {})
     assert (tally.failed, tally.failed_example, tally.ended_at) == ([1, 2], 1, 2)
 
+    def failing(x: int) -> None:
+        if x == 2:
+            pytest.fail("two")
+
+    tally = Tally()
+    with tallied(tally), pytest.raises(pytest.fail.Exception):
+        run_batch(failing, [{"x": 1}, {"x": 2}, {"x": 3}], (), {})
+    assert (tally.failed, tally.failed_example, tally.ended_at) == ([1], 1, 1)
+
 
 def test_a_batch_tallies_the_examples_it_turned_down() -> None:
     def check(x: int) -> None:

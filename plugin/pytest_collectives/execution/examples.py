@@ -232,19 +232,19 @@ def run_batch(
                 # argument check before any transfer), so the ranks go on together to the next example
                 tally.known.append(i)
                 tally.known_error = tally.known_error or exc
-            elif not isinstance(exc, AssertionError):
-                _said_where(exc)
-                tally.failed.append(i)
-                _raise_after(first, exc, i, tally)
-                break
             else:
                 _said_where(exc)
                 tally.failed.append(i)
+                if not isinstance(exc, AssertionError):
+                    _raise_after(first, exc, i, tally)
+                    break
                 if first is None:
                     first, tally.failed_example = exc, i
         # pytest's skip and fail are BaseExceptions (``except Exception`` in a test must not swallow
         # them): a batch catches them too, or a later example's skip would hide an earlier failure
         except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+            if isinstance(exc, pytest.fail.Exception):
+                tally.failed.append(i)
             _raise_after(first, exc, i, tally)
             break
         finally:
