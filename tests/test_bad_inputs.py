@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -264,10 +267,6 @@ def test_the_suites_without_the_plugin_say_so_in_one_line(tmp_path: Path) -> Non
     """A pytest whose Python lacks the plugin (a system pytest beside the tox set-up) is told what to do in
     one line, where the error raised while the suites' conftest was imported was printed as an
     ImportError with its frame."""
-    import os
-    import subprocess
-    import sys
-
     suite = Path(__file__).parents[1] / "suites" / "conformance" / "test_layouts.py"
     # the plugin's package unimportable, as in a Python that never installed it
     hide = "import sys; sys.modules['pytest_collectives'] = None; import pytest; sys.exit(pytest.main())"

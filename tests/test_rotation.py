@@ -8,6 +8,8 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -211,9 +213,6 @@ def test_where_the_budget_holds_them_every_cell_runs_at_1_mi(pytester: pytest.Py
 @contextlib.contextmanager
 def busy_cores() -> Iterator[None]:
     """A busy loop on every core, as a CI machine running other jobs beside the suites."""
-    import os
-    import subprocess
-
     loops = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)
     ]
@@ -230,8 +229,6 @@ def test_the_same_command_draws_the_same_cells_however_busy_the_machine(pytester
     cores; one a sweep where ranks share one), not the moment's: a measured budget shrank it to one cell
     under load, and a bug only at 1 Mi went unseen at some seeds. The same command and seed, once beside a
     busy loop on every core, draws the same examples and passes the same cells at the same sizes."""
-    import os
-
     copy_conformance(pytester.path, ("test_every_cell.py",))
     sizes = "2,3" if (os.cpu_count() or 1) == 2 else "2"
 

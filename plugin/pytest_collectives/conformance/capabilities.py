@@ -297,17 +297,17 @@ class Capabilities:
     draw_s: float | None = None
     large_cells: int = 0  # all_reduce's, the most cells a sweep has, which the budget must hold
     whole_large_tier: bool = False
+    # cases.supported_cells' answers, asked at every draw of every example: (operations, dtypes, ops) ->
+    # cells. Answered afresh each time, they were a fifth of pytest's own time in a profile of the suites.
+    answered: dict[Any, list[Any]] = dataclasses.field(
+        init=False, default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def tier_decided(self) -> bool:
         """Whether this run decided the 1 Mi tier here (by the topology or a measured budget), rather than
         the user (--tier-budget 0 or inf) or a backend with no all_reduce to time."""
         return self.ranks_a_core is not None or self.large_example_s is not None
-    # cases.supported_cells' answers, asked at every draw of every example: (operations, dtypes, ops) ->
-    # cells. Answered afresh each time, they were a fifth of pytest's own time in a profile of the suites.
-    answered: dict[Any, list[Any]] = dataclasses.field(
-        init=False, default_factory=dict, compare=False, repr=False
-    )
 
     def supports(self, operation: str, dtype: torch.dtype | str = NO_OP, op: str = NO_OP) -> bool:
         name = dtype if isinstance(dtype, str) else dtype_name(dtype)

@@ -232,9 +232,9 @@ def every_cell(operation: str | None = None) -> st.SearchStrategy[list[Case]]:
     call: a gloo call at 8 ranks on 2 cores costs 13 to 21 ms, the sweep's cost); each cell again at 64 Ki
     elements, at a scale turning with the run (where ``tiers_at`` says); and at 1 Mi, every cell where the
     machine holds them (``tiers``: each rank a core or device of its own), else one (where ``tiers_at``
-    says). Over the whole
-    world, each cell with its own root. What rotates turns with the run (``rotation.turn``): another each
-    run and at each world size, the same for a seed (``--hypothesis-seed``).
+    says). Over the whole world, each cell with its own root. What rotates turns with the run
+    (``rotation.turn``): another each run and at each world size, the same for a seed
+    (``--hypothesis-seed``).
 
     Why every cell at 64 Ki and, on a small machine, one at 1 Mi: the 64 Ki examples of every cell cost a
     sweep little more than one dtype's did, while a 1 Mi example, mostly drawing and checking its inputs,

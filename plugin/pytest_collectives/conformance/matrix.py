@@ -80,9 +80,9 @@ class CapabilityMatrix:
         # be judged, or even reported, as a conformance run.
         self.selected = 0
         self.ran = 0  # conformance tests judged (passed, failed, or a known bug), cells or not
-        # conformance tests that failed or errored, cells or not: counted where the reports arrive (an xdist
-        # controller hears its workers' too), not merged
-        self.failed = 0
+        # conformance tests that failed or errored (in any phase), cells or not: kept where the reports
+        # arrive (an xdist controller hears its workers' too), not merged
+        self.failed: set[str] = set()
         self.mismatches: dict[tuple[str, str, int], str] = {}  # (operation, kind, world size): behaviour
         # failures in another backend's refusal words, where this backend declares none: (that backend,
         # the first such line) and how many (capabilities.resembles)
@@ -235,7 +235,8 @@ class CapabilityMatrix:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if "conformance" not in report.keywords:
             return
-        self.failed += report.failed
+        if report.failed:
+            self.failed.add(report.nodeid)
         # a known bug that fired (an xfail) was judged: it is no test left untried
         if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
             self.ran += 1
@@ -330,7 +331,8 @@ class CapabilityMatrix:
         statuses = [row["status"] for row in rows]
         counts = {status: statuses.count(status) for status in (FAIL, PASS, KNOWN, NA)}
         # a failed test fails the verdict whether or not it tried a cell (a layout, a training step)
-        said = [f"{self.failed} test{'s' * (self.failed != 1)} failed"] if self.failed else []
+        failed = len(self.failed)
+        said = [f"{failed} test{'s' * (failed != 1)} failed"] if failed else []
         said += [f"{n} {_WORDS[status]}" for status, n in counts.items() if n]
         stacks = [stack for stack, verdict in training_verdicts(rows).items() if verdict.startswith(FAIL)]
         said += [f"{', '.join(stacks)} failed"] if stacks else []

@@ -78,13 +78,13 @@ def sized(config: pytest.Config, found: Capabilities) -> Capabilities:
     key = (found.world_size, configuration.env)
     probes = config.stash.setdefault(_PROBED, {})
     if probes.get(key) is found and not found.timed:
-        probes[key] = _timed(config, found)
+        probes[key] = _decided(config, found)
         if (matrix := config.stash.get(MATRIX, None)) is not None:
             matrix.add_probe(probes[key], configuration.id)
     return probes.get(key, found)
 
 
-def _timed(config: pytest.Config, found: Capabilities) -> Capabilities:
+def _decided(config: pytest.Config, found: Capabilities) -> Capabilities:
     from pytest_collectives.conformance import tiers
     from pytest_collectives.conformance.capabilities import DTYPES, REDUCE_OPS
     from pytest_collectives.conformance.cases import TIERS, supported_cells

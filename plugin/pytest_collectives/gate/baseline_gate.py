@@ -514,26 +514,24 @@ class BaselineGate:
         if self.status is None or ranked.index(status) > ranked.index(self.status):
             self.status = status
 
+    def _said(self) -> str:
+        """What the gate decided, in its words; empty where it had nothing to say."""
+        return f"FAIL, {self.error}" if self.error else "; ".join(self.outcome)
+
     def verdict(self) -> str | None:
         """The closing line: what the gate decided, or None where it had nothing to say."""
-        if self.error:
-            return f"performance gate: FAIL, {self.error}"
-        return f"performance gate: {'; '.join(self.outcome)}" if self.outcome else None
+        said = self._said()
+        return f"performance gate: {said}" if said else None
 
     def judgement(self) -> dict[str, str | None] | None:
         """What the gate decided, for the node report to render as it is, not judge again: its status
         (PASS, NOT JUDGED, WARN, FAIL), its words, and the topology of the baseline where it is another's
         (--baseline); None where it judged nothing."""
-        if self.error:
-            status: str | None = "FAIL"
-        elif self.status is None:
+        status = "FAIL" if self.error else self.status
+        if status is None:
             return None
-        else:
-            status = self.status
         foreign = self.resolved.baseline.topology_id if self.resolved and self.resolved.foreign else None
-        words = self.verdict() or ""
-        said = words.removeprefix("performance gate: ")
-        return {"status": status, "words": said, "other_topology": foreign}
+        return {"status": status, "words": self._said(), "other_topology": foreign}
 
     def summary(self, terminalreporter: Any) -> None:
         if not self.lines and not self.rows:
