@@ -3,9 +3,12 @@ tests/training_mutants.py with its consequence named, and pass without one."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import run_on_backend
 
+from pytest_collectives.conformance.matrix import TRAINING_STACKS
 from pytest_collectives.conformance.training import stacks
 
 pytestmark = pytest.mark.skipif(
@@ -63,3 +66,22 @@ def test_the_same_selections_pass_with_nothing_planted(pytester) -> None:
     result = run_on_backend(pytester, None, "-x", "-k", select, env={"TRAINING_MUTANT": ""}, **TRAINING)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) == len(MUTANTS), result.stdout.str()
+
+
+def test_a_python_process_group_has_every_training_row_na_for_one_reason(pytester) -> None:
+    """torch finds a group for DeviceMesh by the name a C++ c10d Backend keeps, which a ProcessGroup written
+    in Python lacks: each training test is N/A for that one reason (none an error at set-up), at two world
+    sizes, and the matrix's JSON records each row as not run, with it."""
+    result = run_on_backend(
+        pytester, "refgloo", "-rs", "--world-sizes", "2,4", "--capability-json", "m.json",
+        files=("test_training.py",),
+    )  # fmt: skip
+    outcomes = result.parseoutcomes()
+    assert not outcomes.get("errors") and not outcomes.get("failed") and outcomes["skipped"] > 20, outcomes
+    reason = "refgloo is a ProcessGroup written in Python, and torch finds a group for DeviceMesh*"
+    result.stdout.fnmatch_lines([f"FSDP2: N/A: {reason}", f"SKIPPED * N/A: {reason}"])
+    doc = json.loads((pytester.path / "m.json").read_text())
+    rows = [r for r in doc["cells"] if r["operation"].split(" ")[0] in TRAINING_STACKS]
+    assert {r["operation"].split(" ")[0] for r in rows} == set(TRAINING_STACKS), rows
+    assert all(r["status"] == "N/A" and "written in Python" in r["reason"] for r in rows), rows
+    assert set(doc["training"].values()) == {f"N/A: {rows[0]['reason']}"}, doc["training"]

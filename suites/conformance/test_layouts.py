@@ -28,13 +28,16 @@ from pytest_collectives import (
     DTYPES,
     NO_OP,
     REDUCTIONS,
+    LayoutCall,
     all_gather_single,
     assert_moved,
     assert_reduced_close,
     assert_unchanged,
+    backend_modules,
     complement,
     item_parameter,
     item_world_sizes,
+    layout_script,
     placed,
     rank_input,
     reduce_scatter_single,
@@ -45,6 +48,7 @@ from pytest_collectives import (
     supported_cells,
     sweep,
     tiers_at,
+    write_reproduction,
 )
 
 pytestmark = pytest.mark.conformance
@@ -293,5 +297,20 @@ def test_backend_call_in_a_layout(pg, name, layout, tensors):
             what = f"a {layout} tensor" if inputs == outputs else f"a {inputs} input into a {outputs} output"
             refused_example(f"{pg.backend} refuses {name} of {what}: {reason}")
         raise
-    for check in call.checks:
-        check()
+    try:
+        for check in call.checks:
+            check()
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_reproduction(pg, name, call, exc)}") from None
+
+
+def _reproduction(pg, name: str, call: Call, failure: AssertionError) -> str:
+    """The failing call written as a file that needs only torch and the backend: the line naming it."""
+    written = LayoutCall(
+        pg.backend, call.n, name, call.input_layout, call.output_layout, call.dtype, call.shape,
+        given=call.input, device=pg.device.type, modules=backend_modules(pg.backend),
+    )  # fmt: skip
+    where = f"test_layouts.py::test_backend_call_in_a_layout[ws{call.n}-{name}-{call.layout}], {call.dtype}"
+    text = layout_script(written, str(failure).splitlines()[0], where)
+    dtype = str(call.dtype).removeprefix("torch.")
+    return write_reproduction(pg, f"{pg.backend}-{name}-{call.layout}-ws{call.n}-{dtype}", text)

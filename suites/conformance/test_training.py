@@ -55,10 +55,14 @@ def _na_where_refused(request: pytest.FixtureRequest, world_size: int) -> None:
     dims = params["stack"].dims if "stack" in params else params.get("dims", 1)
     if mesh_shape(world_size, dims) is None:
         pytest.skip(f"N/A: a {dims}-D (dp, tp) mesh needs an even world size of 4 or more ranks")
-    if "stack" in params:
-        reason = active_capabilities().cells.get(params["stack"].cells()[0])
-    else:
+    found = active_capabilities().cells
+    if "dims" in params:
         reason = missing_api(REDISTRIBUTE)
+        every = range(len(placements(dims))) if reason is None else ()
+        reasons = [found.get(Redistribution(dims, i, j).cells()[0]) for i in every for j in every]
+        reason = reason or (None if "" in reasons else reasons[0])
+    else:
+        reason = found.get(params.get("stack", params.get("call")).cells()[0])
     if reason:
         pytest.skip(f"N/A: {reason}")
 

@@ -57,6 +57,7 @@ from pytest_collectives.errors import OneLineError
 from pytest_collectives.execution import examples
 from pytest_collectives.execution.configurations import of_item, plain_id
 from pytest_collectives.execution.messages import FAILED
+from pytest_collectives.execution.reproductions import WORDS, reproductions_in
 from pytest_collectives.execution.session import EXPECTED_FAILURES
 from pytest_collectives.execution.suite_api import settings_of
 from pytest_collectives.execution.wrongness import KINDS
@@ -72,7 +73,7 @@ __all__ = [
 ]
 
 _KEYS = ("backends", "test", "raises", "match", "reason")
-_OPTIONAL = ("cells", "world_sizes", "kinds")
+_OPTIONAL = ("cells", "world_sizes", "kinds", "upstream")
 _DROP_KEYS = ("backends", "test", "drops", "reason")
 Cell = tuple[str, str, str]  # operation, dtype, reduce op: capabilities.Cell
 
@@ -92,6 +93,9 @@ class KnownBug:
     cells: tuple[Cell, ...] = ()  # patterns of cells withheld from every other test's draws
     world_sizes: tuple[int, ...] = ()  # where the entry holds; all when empty
     kinds: tuple[str, ...] = ()  # the kinds of wrongness the bug shows (wrongness.KINDS); any when empty
+    # where it stands upstream: the report's address, or "not reported upstream: " and the standalone
+    # reproduction committed beside the manifest, ready to file
+    upstream: str = ""
     drops: str = ""  # an entry that drops this backend's inherited entry for ``test`` (and is no bug)
     index: int = 0  # its place in the manifest's list, which a failure it explains elsewhere names
 
@@ -169,10 +173,13 @@ def load(path: str | os.PathLike[str]) -> list[KnownBug]:
         kinds = entry.get("kinds", [])
         if not (isinstance(kinds, list) and set(kinds) <= set(KINDS)):
             raise ManifestError(f"{where}.kinds must be a list of kinds of wrongness: {', '.join(KINDS)}")
+        upstream = entry.get("upstream", "")
+        if not isinstance(upstream, str):
+            raise ManifestError(f"{where}.upstream must be the upstream report's address, or why none")
         bugs.append(
             KnownBug(
                 tuple(backends), *(entry[key] for key in _KEYS[1:]), path.name, cells, tuple(sizes),
-                tuple(kinds), index=i,
+                tuple(kinds), upstream, index=i,
             )  # fmt: skip
         )
     return bugs
@@ -235,6 +242,7 @@ def mark(config: pytest.Config, items: Iterable[pytest.Item], backend: str, bugs
                 owner = bug.owner(backend)
                 inherited = "" if owner == backend else f", which {backend} is built on"
                 reason = f"known {owner} bug{inherited} ({bug.source}): {bug.reason}"
+                reason += f"; upstream: {bug.upstream}" if bug.upstream else ""
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
                 item.stash.setdefault(_BUGS, []).append(bug)
                 held = item.stash.get(EXPECTED_FAILURES, ())
@@ -283,6 +291,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     failure = report.longreprtext
     own = _own_failures(call.excinfo.value) if call.excinfo else []
     if own and all(any(bug.explains(text) for bug in bugs) for text in own):
+        report.wasxfail += "".join(f"; {WORDS}{path}" for path in reproductions_in(failure))
         return
     wanted = "; or ".join(f"{b.raises} matching {b.match!r} ({b.source})" for b in bugs)
     report.outcome = "failed"

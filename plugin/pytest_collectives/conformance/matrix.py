@@ -479,14 +479,19 @@ _WORST_FIRST = (FAIL, KNOWN, UNTESTED, PASS)
 
 
 def training_verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """One line per training stack a run probed: "PASS", "FAIL (1 of 2 N/A)", or for DTensor's placement
-    pairs "182 of 272 placement pairs PASS, 90 N/A"."""
+    """One line per training stack a run probed: "PASS", "FAIL (1 of 2 N/A)", for DTensor's placement
+    pairs "182 of 272 placement pairs PASS, 90 N/A", or "N/A: why" where one reason rules out them all."""
     verdicts = {}
     for operation, label in TRAINING_STACKS.items():
-        statuses = [r["status"] for r in rows if r["operation"].split(" ")[0] == operation]
-        if not statuses:
+        stack = [r for r in rows if r["operation"].split(" ")[0] == operation]
+        if not stack:
             continue
+        statuses = [r["status"] for r in stack]
         count = {status: statuses.count(status) for status in STATUSES}
+        reasons = {r.get("reason") for r in stack}
+        if count[NA] == len(statuses) and len(reasons) == 1:
+            verdicts[label] = f"{NA}: {reasons.pop()}"
+            continue
         if operation == "dtensor_redistribute":
             others = [f"{count[s]} {s}" for s in (FAIL, KNOWN, NA, UNTESTED) if count[s]]
             verdicts[label] = ", ".join([f"{count[PASS]} of {len(statuses)} placement pairs PASS", *others])

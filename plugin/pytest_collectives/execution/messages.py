@@ -59,6 +59,7 @@ class Task:
     # (examples.run_batch), so that it hides only itself
     expected: tuple[ExpectedFailure, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # its configuration (--backend-env): what its group starts with
+    reproductions: str = ""  # the folder its standalone reproductions go to (--reproductions), absolute
 
     @classmethod
     def calling(cls, fn: Callable[..., Any], world_size: int, timeout_s: float = 0.0, **kwargs: Any) -> Task:

@@ -80,6 +80,16 @@ OPTIONS = (
         dest="collectives_backend_env",
     ),
     Option(
+        "reproductions",
+        "folder each failing check that can be reproduced alone writes its standalone reproduction to: a "
+        "Python file needing only torch and the backend, named under the failure (default "
+        ".collectives/reproductions under the rootdir)",
+        default="",
+        ini="string",
+        metavar="DIR",
+        dest="collectives_reproductions",
+    ),
+    Option(
         "soak",
         "burn-in: run the selected tests again and again (a fresh hypothesis seed each pass, the same "
         "worker groups) until DURATION (240s, 30m, 8h) is spent or Ctrl-C, then report each failure's "
@@ -108,6 +118,7 @@ class Settings:
     largest: int = 0
     # --backend-env: each distributed test runs once per configuration; a plain run has the one, empty
     configurations: tuple[Configuration, ...] = ()
+    reproductions: str = ""  # --reproductions as given; "" for the default under the rootdir
 
 
 def _gpus(text: str, count_gpus: Callable[[], int]) -> int:
@@ -295,6 +306,7 @@ def resolve(
         world_sizes=_world_sizes(values["world_sizes"], gpus, world),
         timeout_s=_timeout(values["dist_timeout"]),
         largest=world,
+        reproductions=values.get("reproductions", ""),
     )
 
 

@@ -36,6 +36,7 @@ from pytest_collectives.execution.hypothesis_calls import (
 )
 from pytest_collectives.execution.messages import REJECTED, ExpectedFailure, Task, packed
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
+from pytest_collectives.execution.reproductions import reproductions_folder
 from pytest_collectives.execution.suite_api import PARAMS, SIZES, OnRanks
 
 _outcome_key = pytest.StashKey[GroupOutcome]()
@@ -233,6 +234,7 @@ class DistributedSession:
             world_size=n,
             expected=item.stash.get(EXPECTED_FAILURES, ()),
             env=self.configuration.env,
+            reproductions=str(reproductions_folder(self.config, self.settings)),
         )
         try:
             packed(task)

@@ -98,20 +98,42 @@ STACKS = (
 )
 
 
+def unnamed_group() -> str | None:
+    """Why the default group can't carry a training stack, or None: DeviceMesh and the functional
+    collectives find a group by its c10d name, and torch keeps that name on the c10d Backend registered
+    for a device, which a ``dist.ProcessGroup`` written in Python has none of (torch 2.13)."""
+    import torch.distributed as dist
+
+    try:
+        _ = dist.group.WORLD.group_name
+    except RuntimeError as error:
+        backend = dist.get_backend()
+        return (
+            f"{backend} is a ProcessGroup written in Python, and torch finds a group for DeviceMesh and the "
+            f"functional collectives by the name it keeps on a C++ c10d Backend ({error}); a backend "
+            f"registered as a c10d Backend runs them"
+        )
+    return None
+
+
 def probe(world_size: int, device_type: str) -> dict[tuple[str, str, str], str]:
     """The training rows at ``world_size``: "" where supported, else why not. A redistribution to a
     Partial placement is tried, and N/A where DTensor refuses it; the others run in the suite."""
+    unnamed = unnamed_group()
     found: dict[tuple[str, str, str], str] = {}
     for name in FUNCTIONAL_CALLS:
-        found[FunctionalCall(name).cells()[0]] = missing(FUNCTIONAL) or ""
+        found[FunctionalCall(name).cells()[0]] = missing(FUNCTIONAL) or unnamed or ""
     for dims in (1, 2):
         shape = mesh_shape(world_size, dims)
         if shape is None:
             continue
         for stack in STACKS:
             if stack.dims == dims:
-                found[stack.cells()[0]] = missing(stack.name) or ""
+                found[stack.cells()[0]] = missing(stack.name) or unnamed or ""
         if missing(REDISTRIBUTE):
+            continue
+        if unnamed:
+            found.update((pair_cell(s, t), unnamed) for s, t in itertools.product(placements(dims), repeat=2))
             continue
         device_mesh = mesh(device_type, shape)
         for source, target in itertools.product(placements(dims), repeat=2):

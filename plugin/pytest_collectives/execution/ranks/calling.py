@@ -139,6 +139,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     pending.raised_calls.clear()
     shared_inputs.next_test()
     ctx.begin(task.seed)
+    ctx.reproductions = task.reproductions
     start = time.perf_counter()
     bench = None
     kwargs = dict(task.kwargs)

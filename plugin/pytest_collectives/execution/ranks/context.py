@@ -61,6 +61,7 @@ class RankContext:
     backend: str
     device: torch.device
     seed: int
+    reproductions: str = ""  # where the running test's standalone reproductions go (--reproductions)
     _subgroups: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @property

@@ -1,0 +1,310 @@
+"""A failing call written as a standalone reproduction: a Python file that imports only torch (and the
+backend's own module where it is third-party), starts the world size's ranks on the backend by name, makes
+the call exactly as the test did, with the failing example's inputs written inline, and prints on each rank
+what came back against what was expected, exiting 1 while the bug is there and 0 once fixed. What a vendor
+attaches to a bug report: it needs neither this plugin nor pytest nor hypothesis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import textwrap
+from collections.abc import Callable
+
+import torch
+
+# Each call of the layout test as torch documents it, in the script's words: ``given(r, p)`` is what rank r
+# sends rank p, ``laid`` puts a tensor in the inputs' layout and ``unwritten`` makes an output in the
+# outputs' layout; each returns what to check on this rank: (what, tensor that came back, expected).
+CALL_LINES = {
+    "all_reduce": """
+    tensor = laid(given(me))
+    dist.all_reduce(tensor)
+    return [("all_reduce", tensor, total([given(r) for r in range(WORLD_SIZE)]))]""",
+    "reduce": """
+    tensor = laid(given(me))
+    dist.reduce(tensor, dst=ROOT)
+    return [("reduce", tensor, total([given(r) for r in range(WORLD_SIZE)]))] if me == ROOT else []""",
+    "broadcast": """
+    tensor = laid(given(ROOT)) if me == ROOT else unwritten(SHAPE)
+    dist.broadcast(tensor, src=ROOT)
+    return [(f"broadcast from rank {ROOT}", tensor, given(ROOT))] if me != ROOT else []""",
+    "all_gather": """
+    outputs = [unwritten(SHAPE) for _ in range(WORLD_SIZE)]
+    dist.all_gather(outputs, laid(given(me)))
+    return [(f"all_gather: rank {r}'s part", outputs[r], given(r)) for r in range(WORLD_SIZE)]""",
+    "gather": """
+    outputs = [unwritten(SHAPE) for _ in range(WORLD_SIZE)] if me == ROOT else None
+    dist.gather(laid(given(me)), outputs, dst=ROOT)
+    if me != ROOT:
+        return []
+    return [(f"gather: rank {r}'s part", outputs[r], given(r)) for r in range(WORLD_SIZE)]""",
+    "scatter": """
+    output = unwritten(SHAPE)
+    parts = [laid(given(ROOT, p)) for p in range(WORLD_SIZE)] if me == ROOT else None
+    dist.scatter(output, parts, src=ROOT)
+    return [(f"scatter from rank {ROOT}", output, given(ROOT, me))]""",
+    "reduce_scatter": """
+    output = unwritten(SHAPE)
+    dist.reduce_scatter(output, [laid(given(me, p)) for p in range(WORLD_SIZE)])
+    return [("reduce_scatter", output, total([given(r, me) for r in range(WORLD_SIZE)]))]""",
+    "all_to_all": """
+    outputs = [unwritten(SHAPE) for _ in range(WORLD_SIZE)]
+    dist.all_to_all(outputs, [laid(given(me, p)) for p in range(WORLD_SIZE)])
+    return [(f"all_to_all: from rank {r}", outputs[r], given(r, me)) for r in range(WORLD_SIZE)]""",
+    "all_gather_into_tensor": """
+    output = unwritten((WORLD_SIZE * SHAPE[0], *SHAPE[1:]))
+    dist.all_gather_into_tensor(output, laid(given(me)))
+    return [("all_gather_into_tensor", output, torch.cat([given(r) for r in range(WORLD_SIZE)]))]""",
+    "reduce_scatter_tensor": """
+    output = unwritten(SHAPE)
+    dist.reduce_scatter_tensor(output, laid(torch.cat([given(me, p) for p in range(WORLD_SIZE)])))
+    return [("reduce_scatter_tensor", output, total([given(r, me) for r in range(WORLD_SIZE)]))]""",
+    "all_to_all_single": """
+    output = unwritten((WORLD_SIZE * SHAPE[0], *SHAPE[1:]))
+    dist.all_to_all_single(output, laid(torch.cat([given(me, p) for p in range(WORLD_SIZE)])))
+    return [("all_to_all_single", output, torch.cat([given(r, me) for r in range(WORLD_SIZE)]))]""",
+    "send_recv": """
+    source = (me - 1) % WORLD_SIZE
+    output = unwritten(SHAPE)
+    sending = dist.isend(laid(given(me)), (me + 1) % WORLD_SIZE)  # a ring: every rank sends, then receives
+    dist.irecv(output, source).wait()
+    sending.wait()
+    return [(f"recv from rank {source}", output, given(source))]""",
+}
+
+@dataclasses.dataclass(frozen=True)
+class LayoutCall:
+    """One failing call of the layout test: torch's ``name`` of it, its inputs' and outputs' layouts, and
+    every (rank, peer) input the call takes (``given``: what rank r sends rank p; p is 0 where a rank
+    sends everyone the same)."""
+
+    backend: str
+    world_size: int
+    name: str
+    inputs_layout: str
+    outputs_layout: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    given: Callable[[int, int], torch.Tensor]
+    device: str = "cpu"
+    modules: tuple[str, ...] = ()  # the backend's own modules, imported before the group starts
+
+    @property
+    def root(self) -> int:
+        return self.world_size - 1  # the test's root: the last rank, so that a root-0 assumption shows
+
+
+def backend_modules(backend: str) -> tuple[str, ...]:
+    """The module that registered ``backend`` (Backend.register_backend), where it is third-party: what a
+    reproduction imports before its group starts."""
+    import torch.distributed as dist
+
+    plugin = dist.Backend._plugins.get(backend.upper())
+    module = getattr(getattr(plugin, "creator_fn", None), "__module__", None)
+    return (module,) if module and module != "__main__" else ()
+
+
+def layout_script(call: LayoutCall, found: str, written_from: str) -> str:
+    """The standalone reproduction of ``call``: ``found`` is the failure's first line, ``written_from`` the
+    test (and seed) it came from."""
+    peers = range(call.world_size) if _takes_peers(call.name) else range(1)
+    inputs = [[_literal(call.given(r, p)) for p in peers] for r in range(call.world_size)]
+    kind = _kind(call.dtype)
+    imports = "".join(f"import {module}  # registers {call.backend}\n" for module in call.modules)
+    title = f"{call.backend}: {call.name} of {_layouts(call)}, {call.world_size} ranks, {call.dtype}"
+    return _TEMPLATE.format(
+        title=title,
+        found=textwrap.fill(
+            f"Found by the pytest-collectives conformance suite: {found.replace(chr(92), '/')}. Written from "
+            f"{written_from}, on torch {torch.__version__}.", 100, break_long_words=False
+        ).replace(chr(34) * 3, chr(39) * 3),
+        imports=imports,
+        backend=call.backend,
+        world_size=call.world_size,
+        dtype=str(call.dtype),
+        shape=tuple(call.shape),
+        device=call.device,
+        fill=_FILL[kind],
+        wide=_WIDE[kind],
+        inputs=_written_out(inputs),
+        inputs_layout=call.inputs_layout,
+        outputs_layout=call.outputs_layout,
+        call=CALL_LINES[call.name],
+    )
+
+
+def _written_out(inputs: list[list[list[object]]]) -> str:
+    """INPUTS as a person reads it: a rank a block, each part's values wrapped within 100 columns."""
+    lines = ["["]
+    for r, parts in enumerate(inputs):
+        lines.append(f"    [  # rank {r}")
+        for part in parts:
+            values = textwrap.wrap(", ".join(map(repr, part)), 100 - 12, break_long_words=False)
+            lines += ["        [", *(f"            {line}" for line in values), "        ],"]
+        lines.append("    ],")
+    return "\n".join([*lines, "]"])
+
+
+def _layouts(call: LayoutCall) -> str:
+    if call.inputs_layout == call.outputs_layout:
+        return f"a {call.inputs_layout} tensor"
+    return f"a {call.inputs_layout} input into a {call.outputs_layout} output"
+
+
+def _takes_peers(name: str) -> bool:
+    """Whether a rank sends each peer its own part (the inputs are then per (rank, peer))."""
+    return name in {"scatter", "reduce_scatter", "all_to_all", "reduce_scatter_tensor", "all_to_all_single"}
+
+
+def _kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else "int"
+
+
+# how each kind's values are written inline, what an unwritten output holds (rank inputs never hold it),
+# and the dtype a sum is exact in
+_FILL = {"bool": "False", "complex": "complex('nan')", "float": "float('nan')", "int": "0"}
+_WIDE = {"bool": "torch.bool", "complex": "torch.complex128", "float": "torch.float64", "int": "torch.int64"}
+
+
+def _literal(tensor: torch.Tensor) -> list[object]:
+    """``tensor``'s values, flat, as Python writes them (uint64 as the int64 of the same bits)."""
+    flat = tensor.detach().cpu().contiguous().flatten()
+    if flat.dtype == torch.uint64:
+        flat = flat.view(torch.int64)
+    elif flat.dtype.is_floating_point:
+        flat = flat.to(torch.float64)
+    elif flat.dtype.is_complex:
+        flat = flat.to(torch.complex128)
+    elif flat.dtype != torch.bool:
+        flat = flat.to(torch.int64)
+    return [_written(v) for v in flat.tolist()]
+
+
+class _Name(str):
+    """A value written as code (``inf``, ``nan``), not as a quoted string."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _written(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return _Name("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+    if isinstance(value, complex) and not (math.isfinite(value.real) and math.isfinite(value.imag)):
+        return _Name(f"complex({_written(value.real)!r}, {_written(value.imag)!r})")
+    return value
+
+
+_TEMPLATE = '''"""{title}
+
+{found}
+
+Standalone: needs only torch and the backend. Run it as `python THIS_FILE`: it starts the ranks on this
+machine, makes the call, and prints on each rank what came back against what was expected. It exits 1 while
+the bug is there, 0 once it is fixed.
+"""
+
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+{imports}
+BACKEND, WORLD_SIZE, DEVICE = {backend!r}, {world_size}, {device!r}
+ROOT = WORLD_SIZE - 1  # the call's root, where it has one
+DTYPE, SHAPE = {dtype}, {shape}
+INPUTS_LAYOUT, OUTPUTS_LAYOUT = {inputs_layout!r}, {outputs_layout!r}
+FILL = {fill}  # what outputs start as, and no input holds: an element never written shows
+WIDE = {wide}  # the dtype the inputs are written in, and a sum is exact in
+nan, inf = float("nan"), float("inf")
+# INPUTS[r][p]: what rank r sends rank p (INPUTS[r][0]: its one input, where it sends all ranks the same),
+# flat, as the failing example had them (uint64 as the int64 of the same bits)
+INPUTS = {inputs}
+
+
+def given(r, p=0):
+    return narrow(torch.tensor(INPUTS[r][p], dtype=WIDE)).reshape(SHAPE).to(DEVICE)
+
+
+def narrow(values):  # WIDE values as DTYPE (uint64's bits as they are)
+    return values.view(DTYPE) if DTYPE == torch.uint64 else values.to(DTYPE)
+
+
+def widen(values):
+    return values.view(WIDE) if DTYPE == torch.uint64 else values.to(WIDE)
+
+
+def arranged(tensor, layout):
+    if layout == "channels_last":
+        return tensor.contiguous(memory_format=torch.channels_last)
+    if layout == "strided":  # every other element of the last dimension of a buffer twice as wide
+        buffer = torch.full((*tensor.shape[:-1], 2 * tensor.shape[-1]), FILL, dtype=DTYPE, device=DEVICE)
+        buffer[..., ::2].copy_(tensor)
+        return buffer[..., ::2]  # a view: torch hands it to the backend as it is
+    return tensor.contiguous()
+
+
+def laid(tensor):  # an input, in the call's input layout
+    return arranged(tensor, INPUTS_LAYOUT)
+
+
+def unwritten(shape):  # an output, in the call's output layout, every element FILL
+    return arranged(torch.full(shape, FILL, dtype=DTYPE, device=DEVICE), OUTPUTS_LAYOUT)
+
+
+def total(parts):  # the sum of every rank's part, exact in WIDE, then as DTYPE holds it
+    if DTYPE == torch.bool:
+        return torch.stack(parts).any(0)
+    return narrow(sum(widen(p) for p in parts))
+
+
+def wrong(got, want):  # where got differs from want, beyond the rounding any order of a float sum may give
+    if not (DTYPE.is_floating_point or DTYPE.is_complex):
+        return got != want
+    got, want = widen(got), widen(want)
+    bound = 2 * WORLD_SIZE * torch.finfo(DTYPE.to_real() if DTYPE.is_complex else DTYPE).eps * want.abs()
+    return ~(((got - want).abs() <= bound) | (got == want) | (got.isnan() & want.isnan()))
+
+
+def report(me, what, got, want):  # print what came back, against what was expected; True if it was
+    bad = wrong(got, want).nonzero().tolist()
+    verdict = f"{{len(bad)}} of {{want.numel()}} elements WRONG" if bad else "as expected"
+    print(f"rank {{me}}: {{what}}: {{verdict}}")
+    for at in bad[:8]:
+        print(f"  at {{tuple(at)}}: got {{got[tuple(at)].item()}}, expected {{want[tuple(at)].item()}}")
+    return not bad
+
+
+def call(me):{call}
+
+
+def rank(me, port, failed):
+    if DEVICE == "cuda":
+        torch.cuda.set_device(me)
+    address = f"tcp://127.0.0.1:{{port}}"
+    dist.init_process_group(BACKEND, init_method=address, rank=me, world_size=WORLD_SIZE)
+    for what, got, want in call(me):
+        failed[me] += not report(me, what, got, want)
+        if OUTPUTS_LAYOUT == "strided":  # the elements between a strided output's must stay FILL
+            gaps = got._base[..., 1::2]
+            between = f"{{what}}, between its elements"
+            failed[me] += not report(me, between, gaps, torch.full_like(gaps, FILL))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    with socket.socket() as free:  # a free port on loopback for the ranks' rendezvous
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    failed = mp.get_context("spawn").Array("i", WORLD_SIZE)
+    mp.spawn(rank, args=(port, failed), nprocs=WORLD_SIZE)
+    print(f"{{sum(failed)}} result(s) wrong" if sum(failed) else "every result as expected")
+    sys.exit(1 if sum(failed) else 0)
+'''

@@ -1,0 +1,43 @@
+"""Standalone reproductions: the folder a run writes them to, and the writing, on the rank that found the
+failure (every rank that did writes the same file: each knows every rank's inputs)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_collectives.atomic import write_atomic
+from pytest_collectives.execution import options
+
+
+def reproductions_folder(config: pytest.Config, settings: options.Settings) -> Path:
+    """--reproductions, from where pytest was invoked, or .collectives/reproductions under the rootdir."""
+    given = settings.reproductions
+    if not given:
+        return config.rootpath / ".collectives" / "reproductions"
+    return (config.invocation_params.dir / given).resolve()
+
+
+WORDS = "standalone reproduction: "  # what names one under a failure, for the reports to find
+
+
+def write_reproduction(pg: Any, name: str, text: str) -> str:
+    """Write ``text`` as ``name``.py in the running test's reproductions folder: the line that names it,
+    for the failure's message (or says why none was written)."""
+    if not getattr(pg, "reproductions", ""):
+        return f"{WORDS}none written (no reproductions folder outside a pytest session)"
+    path = Path(pg.reproductions) / (re.sub(r"[^\w.-]+", "_", name).strip("_") + ".py")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
+    except OSError as exc:
+        return f"{WORDS}none written ({exc})"
+    return f"{WORDS}{path}"
+
+
+def reproductions_in(text: str) -> list[str]:
+    """The reproductions a failure's text names, once each, in order."""
+    return list(dict.fromkeys(re.findall(re.escape(WORDS) + r"(\S+\.py)", text)))
