@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import SUITES, SUPPORT, run_on_backend
+import torch
+from helpers import SUITES, SUPPORT, run_on_backend, torch_below
 
+from pytest_collectives import LayoutCall, layout_script, rank_input
 from pytest_collectives.conformance.known_bugs import load
 
 GLOO_LAYOUT_BUGS = [
@@ -44,6 +46,7 @@ def _layout_failures(pytester: pytest.Pytester, backend: str, select: str, sizes
     return pytester.path / "repro"
 
 
+@pytest.mark.skipif(torch_below(2, 13), reason="the manifest's layout entries are gloo's of torch 2.13")
 def test_each_gloo_layout_bug_s_reproduction_shows_it_alone_on_gloo(pytester: pytest.Pytester) -> None:
     """Every known gloo layout bug of the manifest, its reproduction written from the suite's own failure,
     at 2 ranks for half of them and 3 for the others: run alone on torch's gloo, each exits 1 naming the
@@ -63,6 +66,7 @@ def test_each_gloo_layout_bug_s_reproduction_shows_it_alone_on_gloo(pytester: py
         assert "pytest" not in script.read_text().split('"""')[2], script.name  # the code imports torch alone
 
 
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
 def test_a_mutant_s_reproduction_fails_on_it_and_passes_on_the_reference(pytester: pytest.Pytester) -> None:
     """A planted layout bug (all_gather writes a channels_last output in contiguous order): the script
     written from the suite's failure exits 1 on the mutant and, its backend named refgloo, 0."""
@@ -90,3 +94,18 @@ def test_every_known_bug_says_where_it_stands_upstream() -> None:
         if upstream.startswith("not reported") and "gloo" in entry["backends"] and "layout" in entry["test"]:
             script = re.search(r"known_bugs/\S+\.py", upstream)
             assert script and (manifest.parent / script.group()).is_file(), (entry["test"], upstream)
+
+
+def test_a_reproduction_of_a_call_gloo_gets_right_exits_0(tmp_path: Path) -> None:
+    """No false alarm: the same writer, on calls gloo gets right (a float16 all_reduce and a bfloat16 reduce
+    of channels_last tensors at 3 ranks, where any order of the sum rounds), exits 0."""
+    for name, dtype in (("all_reduce", torch.float16), ("reduce", torch.bfloat16)):
+        call = LayoutCall(
+            "gloo", 3, name, "channels_last", "channels_last", dtype, (2, 3, 2, 5),
+            given=lambda r, p, d=dtype: rank_input(11, r * 16 + p, (2, 3, 2, 5), d),
+        )  # fmt: skip
+        script = tmp_path / f"{name}.py"
+        script.write_text(layout_script(call, "(none: a healthy call)", "this test"))
+        run = _run_alone(script)
+        assert run.returncode == 0 and "every result as expected" in run.stdout, run.stdout + run.stderr
+

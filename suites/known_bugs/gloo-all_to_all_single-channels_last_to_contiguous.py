@@ -24,9 +24,10 @@ DTYPE, SHAPE = torch.float32, (2, 3, 2, 5)
 INPUTS_LAYOUT, OUTPUTS_LAYOUT = 'channels_last', 'contiguous'
 FILL = float('nan')  # what outputs start as, and no input holds: an element never written shows
 WIDE = torch.float64  # the dtype the inputs are written in, and a sum is exact in
+AS_BITS = False  # uint64's inputs are written as the int64 of the same bits
 nan, inf = float("nan"), float("inf")
 # INPUTS[r][p]: what rank r sends rank p (INPUTS[r][0]: its one input, where it sends all ranks the same),
-# flat, as the failing example had them (uint64 as the int64 of the same bits)
+# flat, as the failing example had them
 INPUTS = [
     [  # rank 0
         [
@@ -108,11 +109,11 @@ def given(r, p=0):
 
 
 def narrow(values):  # WIDE values as DTYPE (uint64's bits as they are)
-    return values.view(DTYPE) if DTYPE == torch.uint64 else values.to(DTYPE)
+    return values.view(DTYPE) if AS_BITS else values.to(DTYPE)
 
 
 def widen(values):
-    return values.view(WIDE) if DTYPE == torch.uint64 else values.to(WIDE)
+    return values.view(WIDE) if AS_BITS else values.to(WIDE)
 
 
 def arranged(tensor, layout):
@@ -133,22 +134,27 @@ def unwritten(shape):  # an output, in the call's output layout, every element F
     return arranged(torch.full(shape, FILL, dtype=DTYPE, device=DEVICE), OUTPUTS_LAYOUT)
 
 
-def total(parts):  # the sum of every rank's part, exact in WIDE, then as DTYPE holds it
-    if DTYPE == torch.bool:
-        return torch.stack(parts).any(0)
-    return narrow(sum(widen(p) for p in parts))
+def exactly(tensor):  # what a move must deliver, bit for bit
+    return tensor, 0
 
 
-def wrong(got, want):  # where got differs from want, beyond the rounding any order of a float sum may give
+def total(parts):  # the sum of every rank's part as DTYPE holds it, and how far any order of it may round
+    exact = narrow(sum(widen(p) for p in parts)) if DTYPE != torch.bool else torch.stack(parts).any(0)
+    if not (DTYPE.is_floating_point or DTYPE.is_complex):
+        return exact, 0  # whole numbers: exact (wrapping around as DTYPE does)
+    eps = torch.finfo(DTYPE.to_real() if DTYPE.is_complex else DTYPE).eps
+    return exact, 2 * WORLD_SIZE * eps * sum(widen(p).abs() for p in parts)
+
+
+def wrong(got, want, slack):  # where got differs from want by more than slack (NaN matching NaN)
     if not (DTYPE.is_floating_point or DTYPE.is_complex):
         return got != want
     got, want = widen(got), widen(want)
-    bound = 2 * WORLD_SIZE * torch.finfo(DTYPE.to_real() if DTYPE.is_complex else DTYPE).eps * want.abs()
-    return ~(((got - want).abs() <= bound) | (got == want) | (got.isnan() & want.isnan()))
+    return ~(((got - want).abs() <= slack) | (got == want) | (got.isnan() & want.isnan()))
 
 
-def report(me, what, got, want):  # print what came back, against what was expected; True if it was
-    bad = wrong(got, want).nonzero().tolist()
+def report(me, what, got, want, slack=0):  # print what came back against what was expected; True if it was
+    bad = wrong(got, want, slack).nonzero().tolist()
     verdict = f"{len(bad)} of {want.numel()} elements WRONG" if bad else "as expected"
     print(f"rank {me}: {what}: {verdict}")
     for at in bad[:8]:
@@ -159,7 +165,7 @@ def report(me, what, got, want):  # print what came back, against what was expec
 def call(me):
     output = unwritten((WORLD_SIZE * SHAPE[0], *SHAPE[1:]))
     dist.all_to_all_single(output, laid(torch.cat([given(me, p) for p in range(WORLD_SIZE)])))
-    return [("all_to_all_single", output, torch.cat([given(r, me) for r in range(WORLD_SIZE)]))]
+    return [("all_to_all_single", output, exactly(torch.cat([given(r, me) for r in range(WORLD_SIZE)])))]
 
 
 def rank(me, port, failed):
@@ -167,8 +173,8 @@ def rank(me, port, failed):
         torch.cuda.set_device(me)
     address = f"tcp://127.0.0.1:{port}"
     dist.init_process_group(BACKEND, init_method=address, rank=me, world_size=WORLD_SIZE)
-    for what, got, want in call(me):
-        failed[me] += not report(me, what, got, want)
+    for what, got, (want, slack) in call(me):
+        failed[me] += not report(me, what, got, want, slack)
         if OUTPUTS_LAYOUT == "strided":  # the elements between a strided output's must stay FILL
             gaps = got._base[..., 1::2]
             between = f"{what}, between its elements"

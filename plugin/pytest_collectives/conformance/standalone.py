@@ -16,7 +16,8 @@ import torch
 
 # Each call of the layout test as torch documents it, in the script's words: ``given(r, p)`` is what rank r
 # sends rank p, ``laid`` puts a tensor in the inputs' layout and ``unwritten`` makes an output in the
-# outputs' layout; each returns what to check on this rank: (what, tensor that came back, expected).
+# outputs' layout; each returns what to check on this rank: (what, the tensor that came back, what it must
+# hold: ``exactly`` a tensor moved, or the ``total`` of a reduction with its rounding slack).
 CALL_LINES = {
     "all_reduce": """
     tensor = laid(given(me))
@@ -29,22 +30,22 @@ CALL_LINES = {
     "broadcast": """
     tensor = laid(given(ROOT)) if me == ROOT else unwritten(SHAPE)
     dist.broadcast(tensor, src=ROOT)
-    return [(f"broadcast from rank {ROOT}", tensor, given(ROOT))] if me != ROOT else []""",
+    return [(f"broadcast from rank {ROOT}", tensor, exactly(given(ROOT)))] if me != ROOT else []""",
     "all_gather": """
     outputs = [unwritten(SHAPE) for _ in range(WORLD_SIZE)]
     dist.all_gather(outputs, laid(given(me)))
-    return [(f"all_gather: rank {r}'s part", outputs[r], given(r)) for r in range(WORLD_SIZE)]""",
+    return [(f"all_gather: rank {r}'s part", outputs[r], exactly(given(r))) for r in range(WORLD_SIZE)]""",
     "gather": """
     outputs = [unwritten(SHAPE) for _ in range(WORLD_SIZE)] if me == ROOT else None
     dist.gather(laid(given(me)), outputs, dst=ROOT)
     if me != ROOT:
         return []
-    return [(f"gather: rank {r}'s part", outputs[r], given(r)) for r in range(WORLD_SIZE)]""",
+    return [(f"gather: rank {r}'s part", outputs[r], exactly(given(r))) for r in range(WORLD_SIZE)]""",
     "scatter": """
     output = unwritten(SHAPE)
     parts = [laid(given(ROOT, p)) for p in range(WORLD_SIZE)] if me == ROOT else None
     dist.scatter(output, parts, src=ROOT)
-    return [(f"scatter from rank {ROOT}", output, given(ROOT, me))]""",
+    return [(f"scatter from rank {ROOT}", output, exactly(given(ROOT, me)))]""",
     "reduce_scatter": """
     output = unwritten(SHAPE)
     dist.reduce_scatter(output, [laid(given(me, p)) for p in range(WORLD_SIZE)])
@@ -52,11 +53,11 @@ CALL_LINES = {
     "all_to_all": """
     outputs = [unwritten(SHAPE) for _ in range(WORLD_SIZE)]
     dist.all_to_all(outputs, [laid(given(me, p)) for p in range(WORLD_SIZE)])
-    return [(f"all_to_all: from rank {r}", outputs[r], given(r, me)) for r in range(WORLD_SIZE)]""",
+    return [(f"all_to_all: from rank {r}", outputs[r], exactly(given(r, me))) for r in range(WORLD_SIZE)]""",
     "all_gather_into_tensor": """
     output = unwritten((WORLD_SIZE * SHAPE[0], *SHAPE[1:]))
     dist.all_gather_into_tensor(output, laid(given(me)))
-    return [("all_gather_into_tensor", output, torch.cat([given(r) for r in range(WORLD_SIZE)]))]""",
+    return [("all_gather_into_tensor", output, exactly(torch.cat([given(r) for r in range(WORLD_SIZE)])))]""",
     "reduce_scatter_tensor": """
     output = unwritten(SHAPE)
     dist.reduce_scatter_tensor(output, laid(torch.cat([given(me, p) for p in range(WORLD_SIZE)])))
@@ -64,14 +65,14 @@ CALL_LINES = {
     "all_to_all_single": """
     output = unwritten((WORLD_SIZE * SHAPE[0], *SHAPE[1:]))
     dist.all_to_all_single(output, laid(torch.cat([given(me, p) for p in range(WORLD_SIZE)])))
-    return [("all_to_all_single", output, torch.cat([given(r, me) for r in range(WORLD_SIZE)]))]""",
+    return [("all_to_all_single", output, exactly(torch.cat([given(r, me) for r in range(WORLD_SIZE)])))]""",
     "send_recv": """
     source = (me - 1) % WORLD_SIZE
     output = unwritten(SHAPE)
     sending = dist.isend(laid(given(me)), (me + 1) % WORLD_SIZE)  # a ring: every rank sends, then receives
     dist.irecv(output, source).wait()
     sending.wait()
-    return [(f"recv from rank {source}", output, given(source))]""",
+    return [(f"recv from rank {source}", output, exactly(given(source)))]""",
 }
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +129,7 @@ def layout_script(call: LayoutCall, found: str, written_from: str) -> str:
         device=call.device,
         fill=_FILL[kind],
         wide=_WIDE[kind],
+        as_bits=str(call.dtype) == "torch.uint64",
         inputs=_written_out(inputs),
         inputs_layout=call.inputs_layout,
         outputs_layout=call.outputs_layout,
@@ -175,7 +177,7 @@ _WIDE = {"bool": "torch.bool", "complex": "torch.complex128", "float": "torch.fl
 def _literal(tensor: torch.Tensor) -> list[object]:
     """``tensor``'s values, flat, as Python writes them (uint64 as the int64 of the same bits)."""
     flat = tensor.detach().cpu().contiguous().flatten()
-    if flat.dtype == torch.uint64:
+    if flat.dtype == getattr(torch, "uint64", None):  # torch 2.3 and later
         flat = flat.view(torch.int64)
     elif flat.dtype.is_floating_point:
         flat = flat.to(torch.float64)
@@ -223,9 +225,10 @@ DTYPE, SHAPE = {dtype}, {shape}
 INPUTS_LAYOUT, OUTPUTS_LAYOUT = {inputs_layout!r}, {outputs_layout!r}
 FILL = {fill}  # what outputs start as, and no input holds: an element never written shows
 WIDE = {wide}  # the dtype the inputs are written in, and a sum is exact in
+AS_BITS = {as_bits}  # uint64's inputs are written as the int64 of the same bits
 nan, inf = float("nan"), float("inf")
 # INPUTS[r][p]: what rank r sends rank p (INPUTS[r][0]: its one input, where it sends all ranks the same),
-# flat, as the failing example had them (uint64 as the int64 of the same bits)
+# flat, as the failing example had them
 INPUTS = {inputs}
 
 
@@ -234,11 +237,11 @@ def given(r, p=0):
 
 
 def narrow(values):  # WIDE values as DTYPE (uint64's bits as they are)
-    return values.view(DTYPE) if DTYPE == torch.uint64 else values.to(DTYPE)
+    return values.view(DTYPE) if AS_BITS else values.to(DTYPE)
 
 
 def widen(values):
-    return values.view(WIDE) if DTYPE == torch.uint64 else values.to(WIDE)
+    return values.view(WIDE) if AS_BITS else values.to(WIDE)
 
 
 def arranged(tensor, layout):
@@ -259,22 +262,27 @@ def unwritten(shape):  # an output, in the call's output layout, every element F
     return arranged(torch.full(shape, FILL, dtype=DTYPE, device=DEVICE), OUTPUTS_LAYOUT)
 
 
-def total(parts):  # the sum of every rank's part, exact in WIDE, then as DTYPE holds it
-    if DTYPE == torch.bool:
-        return torch.stack(parts).any(0)
-    return narrow(sum(widen(p) for p in parts))
+def exactly(tensor):  # what a move must deliver, bit for bit
+    return tensor, 0
 
 
-def wrong(got, want):  # where got differs from want, beyond the rounding any order of a float sum may give
+def total(parts):  # the sum of every rank's part as DTYPE holds it, and how far any order of it may round
+    exact = narrow(sum(widen(p) for p in parts)) if DTYPE != torch.bool else torch.stack(parts).any(0)
+    if not (DTYPE.is_floating_point or DTYPE.is_complex):
+        return exact, 0  # whole numbers: exact (wrapping around as DTYPE does)
+    eps = torch.finfo(DTYPE.to_real() if DTYPE.is_complex else DTYPE).eps
+    return exact, 2 * WORLD_SIZE * eps * sum(widen(p).abs() for p in parts)
+
+
+def wrong(got, want, slack):  # where got differs from want by more than slack (NaN matching NaN)
     if not (DTYPE.is_floating_point or DTYPE.is_complex):
         return got != want
     got, want = widen(got), widen(want)
-    bound = 2 * WORLD_SIZE * torch.finfo(DTYPE.to_real() if DTYPE.is_complex else DTYPE).eps * want.abs()
-    return ~(((got - want).abs() <= bound) | (got == want) | (got.isnan() & want.isnan()))
+    return ~(((got - want).abs() <= slack) | (got == want) | (got.isnan() & want.isnan()))
 
 
-def report(me, what, got, want):  # print what came back, against what was expected; True if it was
-    bad = wrong(got, want).nonzero().tolist()
+def report(me, what, got, want, slack=0):  # print what came back against what was expected; True if it was
+    bad = wrong(got, want, slack).nonzero().tolist()
     verdict = f"{{len(bad)}} of {{want.numel()}} elements WRONG" if bad else "as expected"
     print(f"rank {{me}}: {{what}}: {{verdict}}")
     for at in bad[:8]:
@@ -290,8 +298,8 @@ def rank(me, port, failed):
         torch.cuda.set_device(me)
     address = f"tcp://127.0.0.1:{{port}}"
     dist.init_process_group(BACKEND, init_method=address, rank=me, world_size=WORLD_SIZE)
-    for what, got, want in call(me):
-        failed[me] += not report(me, what, got, want)
+    for what, got, (want, slack) in call(me):
+        failed[me] += not report(me, what, got, want, slack)
         if OUTPUTS_LAYOUT == "strided":  # the elements between a strided output's must stay FILL
             gaps = got._base[..., 1::2]
             between = f"{{what}}, between its elements"
