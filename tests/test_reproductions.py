@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers import SUITES, SUPPORT, run_on_backend, torch_below
 
-from pytest_collectives import LayoutCall, layout_script, rank_input
+from pytest_collectives import FailingCall, layout_script, rank_input
 from pytest_collectives.conformance.known_bugs import load
 
 GLOO_LAYOUT_BUGS = [
@@ -100,7 +100,7 @@ def test_a_reproduction_of_a_call_gloo_gets_right_exits_0(tmp_path: Path) -> Non
     """No false alarm: the same writer, on calls gloo gets right (a float16 all_reduce and a bfloat16 reduce
     of channels_last tensors at 3 ranks, where any order of the sum rounds), exits 0."""
     for name, dtype in (("all_reduce", torch.float16), ("reduce", torch.bfloat16)):
-        call = LayoutCall(
+        call = FailingCall(
             "gloo", 3, name, "channels_last", "channels_last", dtype, (2, 3, 2, 5),
             given=lambda r, p, d=dtype: rank_input(11, r * 16 + p, (2, 3, 2, 5), d),
         )  # fmt: skip
@@ -109,3 +109,24 @@ def test_a_reproduction_of_a_call_gloo_gets_right_exits_0(tmp_path: Path) -> Non
         run = _run_alone(script)
         assert run.returncode == 0 and "every result as expected" in run.stdout, run.stdout + run.stderr
 
+
+
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+def test_the_backend_s_own_all_reduce_failing_writes_a_reproduction(pytester: pytest.Pytester) -> None:
+    """The backend's own all_reduce with its last element wrong (every dtype and reduce op): at 2 and 3
+    ranks, the scripts written from the every-cell sweep's failures (a float32 sum, within its rounding
+    slack, and a max) exit 1 on the mutant and 0 with their backend named refgloo."""
+    mutant = "mutant_last_element_wrong_in_every_dtype"
+    run_on_backend(
+        pytester, mutant, "-k", "all_reduce]", "--reproductions", "repro", files=("test_every_cell.py",),
+        world_sizes="2,3",
+    ).stdout.fnmatch_lines([f"*standalone reproduction: {pytester.path / 'repro'}/{mutant}-all_reduce-*.py"])
+    for n in (2, 3):
+        for op, dtype in (("sum", "float32"), ("max", "*")):
+            script = sorted((pytester.path / "repro").glob(f"{mutant}-all_reduce-{op}-{dtype}-*-ws{n}.py"))[0]
+            text = script.read_text()
+            on_mutant = _run_alone(script, str(SUPPORT))
+            assert on_mutant.returncode == 1 and "elements WRONG" in on_mutant.stdout, script.name
+            script.write_text(text.replace(repr(mutant), repr("refgloo")))
+            on_reference = _run_alone(script, str(SUPPORT))
+            assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)

@@ -28,7 +28,7 @@ from pytest_collectives import (
     DTYPES,
     NO_OP,
     REDUCTIONS,
-    LayoutCall,
+    FailingCall,
     all_gather_single,
     assert_moved,
     assert_reduced_close,
@@ -306,7 +306,7 @@ def test_backend_call_in_a_layout(pg, name, layout, tensors):
 
 def _reproduction(pg, name: str, call: Call, failure: AssertionError) -> str:
     """The failing call written as a file that needs only torch and the backend: the line naming it."""
-    written = LayoutCall(
+    written = FailingCall(
         pg.backend, call.n, name, call.input_layout, call.output_layout, call.dtype, call.shape,
         given=call.input, device=pg.device.type, modules=backend_modules(pg.backend),
     )  # fmt: skip

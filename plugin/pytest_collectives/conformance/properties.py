@@ -29,6 +29,8 @@ from pytest_collectives.conformance.cases import (
     laid_out,
     sentinel,
 )
+from pytest_collectives.conformance.standalone import FailingCall, all_reduce_script, backend_modules
+from pytest_collectives.execution.reproductions import WORDS, write_reproduction
 
 
 def name_of(implementation: Callable[..., Any]) -> str:
@@ -68,10 +70,35 @@ def everyone(pg: Any, case: Case, ranks: list[int], mine: torch.Tensor) -> list[
 
 
 def all_reduce_matches_reference(pg: Any, all_reduce: Callable[..., torch.Tensor], case: Case) -> None:
-    """In place, every element the reduction of the members' inputs: exact, or within the stated bound."""
+    """In place, every element the reduction of the members' inputs: exact, or within the stated bound.
+    Where the backend's own all_reduce fails, the failure names a standalone reproduction of it."""
     out = run_all_reduce(pg, all_reduce, case)
-    if out is not None:
+    if out is None:
+        return
+    try:
         assert_reduced_close(*out, case.op, case.values)
+    except AssertionError as exc:
+        if getattr(all_reduce, "uses", None) != ("all_reduce",):
+            raise  # an algorithm made of other calls: its code is this project's
+        raise AssertionError(f"{exc}\n{_all_reduce_reproduction(pg, case, str(exc))}") from None
+
+
+def _all_reduce_reproduction(pg: Any, case: Case, failure: str) -> str:
+    _, ranks = group_of(pg, case.members)
+    n = len(ranks)
+    call = FailingCall(
+        pg.backend, pg.world_size, "all_reduce", "contiguous", "contiguous", case.dtype, (case.size,),
+        given=lambda r, _: case.input(pg.seed, r, case.size, n), device=pg.device.type,
+        modules=backend_modules(pg.backend),
+    )  # fmt: skip
+    dtype = str(case.dtype).removeprefix("torch.")
+    where = f"the all_reduce {case.op} of {case.size} {dtype} elements on ranks {ranks} of {pg.world_size}"
+    text = all_reduce_script(call, case.op, ranks, failure.splitlines()[0], where)
+    if text is None:
+        return f"{WORDS}none written ({pg.world_size} x {case.size} elements: more than are written inline)"
+    members = "_".join(map(str, ranks))
+    name = f"{pg.backend}-all_reduce-{case.op}-{dtype}-{case.size}-ranks{members}-ws{pg.world_size}"
+    return write_reproduction(pg, name, text)
 
 
 def reduce_scatter_matches_reference(

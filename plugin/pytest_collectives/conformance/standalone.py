@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from pytest_collectives.algorithms.reference import PREMUL_FACTOR
+
 # Each call of the layout test as torch documents it, in the script's words: ``given(r, p)`` is what rank r
 # sends rank p, ``laid`` puts a tensor in the inputs' layout and ``unwritten`` makes an output in the
 # outputs' layout; each returns what to check on this rank: (what, the tensor that came back, what it must
@@ -76,10 +78,10 @@ CALL_LINES = {
 }
 
 @dataclasses.dataclass(frozen=True)
-class LayoutCall:
-    """One failing call of the layout test: torch's ``name`` of it, its inputs' and outputs' layouts, and
-    every (rank, peer) input the call takes (``given``: what rank r sends rank p; p is 0 where a rank
-    sends everyone the same)."""
+class FailingCall:
+    """One failing backend call: torch's ``name`` of it (one of the layout test's), its inputs' and
+    outputs' layouts, and every (rank, peer) input it takes (``given``: what rank r sends rank p; p is 0
+    where a rank sends everyone the same)."""
 
     backend: str
     world_size: int
@@ -107,14 +109,19 @@ def backend_modules(backend: str) -> tuple[str, ...]:
     return (module,) if module and module != "__main__" else ()
 
 
-def layout_script(call: LayoutCall, found: str, written_from: str) -> str:
+def layout_script(call: FailingCall, found: str, written_from: str) -> str:
     """The standalone reproduction of ``call``: ``found`` is the failure's first line, ``written_from`` the
     test (and seed) it came from."""
+    title = f"{call.backend}: {call.name} of {_layouts(call)}, {call.world_size} ranks, {call.dtype}"
+    return _script(call, title, CALL_LINES[call.name], found, written_from)
+
+
+def _script(call: FailingCall, title: str, lines: str, found: str, written_from: str) -> str:
+    """The file: ``call``'s inputs, layouts and backend, and ``lines``, the body of its ``call(me)``."""
     peers = range(call.world_size) if _takes_peers(call.name) else range(1)
     inputs = [[_literal(call.given(r, p)) for p in peers] for r in range(call.world_size)]
     kind = _kind(call.dtype)
     imports = "".join(f"import {module}  # registers {call.backend}\n" for module in call.modules)
-    title = f"{call.backend}: {call.name} of {_layouts(call)}, {call.world_size} ranks, {call.dtype}"
     return _TEMPLATE.format(
         title=title,
         found=textwrap.fill(
@@ -133,7 +140,8 @@ def layout_script(call: LayoutCall, found: str, written_from: str) -> str:
         inputs=_written_out(inputs),
         inputs_layout=call.inputs_layout,
         outputs_layout=call.outputs_layout,
-        call=CALL_LINES[call.name],
+        call=lines,
+        premul_factor=PREMUL_FACTOR,
     )
 
 
@@ -149,7 +157,7 @@ def _written_out(inputs: list[list[list[object]]]) -> str:
     return "\n".join([*lines, "]"])
 
 
-def _layouts(call: LayoutCall) -> str:
+def _layouts(call: FailingCall) -> str:
     if call.inputs_layout == call.outputs_layout:
         return f"a {call.inputs_layout} tensor"
     return f"a {call.inputs_layout} input into a {call.outputs_layout} output"
@@ -166,6 +174,35 @@ def _kind(dtype: torch.dtype) -> str:
     if dtype.is_complex:
         return "complex"
     return "float" if dtype.is_floating_point else "int"
+
+
+# What the backend's own all_reduce (the conformance suites' ``all_reduce`` algorithm) was handed: a dense
+# tensor, on the drawn subgroup, under the drawn reduce op.
+ALL_REDUCE_LINES = """
+    members = {members!r}  # the drawn group's global ranks: every rank creates it, its members call
+    group = dist.new_group(members)
+    if me not in members:
+        return []
+    tensor = laid(given(me))
+    dist.all_reduce(tensor, op={op_code}, group=group)
+    parts = [given(r) for r in members]
+    return [("all_reduce {op} in the group of ranks {members}", tensor, reduced({op!r}, parts))]"""
+INLINE_LIMIT = 8192  # the most input elements, over every rank, a reproduction writes inline
+
+
+def all_reduce_script(
+    call: FailingCall, op: str, members: list[int], found: str, written_from: str
+) -> str | None:
+    """The standalone reproduction of the backend's own all_reduce of ``call``'s one-dimensional inputs
+    (``given(r, 0)``) on the group of global ranks ``members`` under reduce op ``op``; None where the
+    inputs are too many to write inline (a failure at 97 elements gives a file read in a minute)."""
+    if call.world_size * math.prod(call.shape) > INLINE_LIMIT:
+        return None
+    premul = "dist._make_nccl_premul_sum(PREMUL_FACTOR)"
+    code = premul if op == "premul_sum" else f"dist.ReduceOp.{op.upper()}"
+    lines = ALL_REDUCE_LINES.format(members=members, op=op, op_code=code)
+    title = f"{call.backend}: all_reduce {op} on ranks {members} of {call.world_size}, {call.dtype}"
+    return _script(call, title, lines, found, written_from)
 
 
 # how each kind's values are written inline, what an unwritten output holds (rank inputs never hold it),
@@ -226,6 +263,7 @@ INPUTS_LAYOUT, OUTPUTS_LAYOUT = {inputs_layout!r}, {outputs_layout!r}
 FILL = {fill}  # what outputs start as, and no input holds: an element never written shows
 WIDE = {wide}  # the dtype the inputs are written in, and a sum is exact in
 AS_BITS = {as_bits}  # uint64's inputs are written as the int64 of the same bits
+PREMUL_FACTOR = {premul_factor}  # PREMUL_SUM's factor, where the call takes one
 nan, inf = float("nan"), float("inf")
 # INPUTS[r][p]: what rank r sends rank p (INPUTS[r][0]: its one input, where it sends all ranks the same),
 # flat, as the failing example had them
@@ -267,11 +305,23 @@ def exactly(tensor):  # what a move must deliver, bit for bit
 
 
 def total(parts):  # the sum of every rank's part as DTYPE holds it, and how far any order of it may round
-    exact = narrow(sum(widen(p) for p in parts)) if DTYPE != torch.bool else torch.stack(parts).any(0)
-    if not (DTYPE.is_floating_point or DTYPE.is_complex):
-        return exact, 0  # whole numbers: exact (wrapping around as DTYPE does)
+    return reduced("sum", parts)
+
+
+def reduced(op, parts):  # the parts reduced by op as DTYPE holds it, and how far any order of it may round
+    wide = [widen(p) for p in parts]  # bools stay bools: their sum is "any", their product "all"
+    folds = {{"sum": torch.add, "avg": torch.add, "premul_sum": torch.add, "product": torch.mul,
+             "min": torch.minimum, "max": torch.maximum, "band": torch.bitwise_and,
+             "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}}
+    exact = wide[0]
+    for part in wide[1:]:
+        exact = folds[op](exact, part)
+    exact = exact * PREMUL_FACTOR if op == "premul_sum" else exact / len(parts) if op == "avg" else exact
+    if not (DTYPE.is_floating_point or DTYPE.is_complex) or op in ("min", "max"):
+        return narrow(exact), 0  # exact (whole numbers wrapping around as DTYPE does)
     eps = torch.finfo(DTYPE.to_real() if DTYPE.is_complex else DTYPE).eps
-    return exact, 2 * WORLD_SIZE * eps * sum(widen(p).abs() for p in parts)
+    magnitude = exact.abs() if op == "product" else sum(p.abs() for p in wide)
+    return narrow(exact), 2 * len(parts) * eps * magnitude
 
 
 def wrong(got, want, slack):  # where got differs from want by more than slack (NaN matching NaN)
