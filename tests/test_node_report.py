@@ -146,6 +146,36 @@ def test_failed_run_with_hostile_names_still_reports(tmp_path):
     assert "test_all_reduce[1MiB]  1.30x" in baseline_case.find("failure").text
 
 
+def test_every_output_lists_the_failing_tests_with_their_reproductions(tmp_path):
+    """A vendor signs off (or files) from any one output: each lists each failing test, its message and
+    the standalone reproduction it wrote."""
+    data = cpu_data()
+    written = "E   AssertionError: 3 elements WRONG\nE   standalone reproduction: /r/gloo-reduce-ws2.py"
+    data["tests"] = {
+        "passed": 3,
+        "failed": 2,
+        "skipped": 0,
+        "failures": [
+            {"nodeid": "c.py::test_a[ws2]", "longrepr": written, "reproductions": ["/r/gloo-reduce-ws2.py"]},
+            {"nodeid": "c.py::test_b", "longrepr": "def test_b():\n>   assert 1 == 2\nE   assert 1 == 2"},
+        ],
+    }
+    files = write_report(tmp_path, data)
+    check = next(c for c in read_json(files)["checks"] if c["name"] == "test run")
+    assert check["status"] == "FAIL" and check["details"]["table"]["rows"] == [
+        ["c.py::test_a[ws2]", "AssertionError: 3 elements WRONG", "/r/gloo-reduce-ws2.py"],
+        ["c.py::test_b", "assert 1 == 2", "-"],
+    ]
+    markdown = files["report.md"].read_text()
+    assert "| c.py::test_a[ws2] | AssertionError: 3 elements WRONG | /r/gloo-reduce-ws2.py |" in markdown
+    assert "| c.py::test_b | assert 1 == 2 | - |" in markdown
+    suite = ElementTree.parse(files["report.xml"]).getroot().find("testsuite")
+    case = next(c for c in suite.findall("testcase") if c.get("name") == "test run")
+    listed = case.find("failure").text
+    assert "c.py::test_a[ws2]  AssertionError: 3 elements WRONG  /r/gloo-reduce-ws2.py" in listed
+    assert "<td>/r/gloo-reduce-ws2.py</td>" in files["report.html"].read_text()
+
+
 def test_a_reused_folder_loses_stale_plots(tmp_path):
     write_report(tmp_path, gpu_data())
     files = write_report(tmp_path, cpu_data())
@@ -326,6 +356,7 @@ def capability_matrix(failing: bool) -> dict:
     ]  # fmt: skip
     if failing:
         cells[2]["first_failure"] = "suites/conformance/test_reduce_scatter.py::test_x[ws2] (2 ranks)"
+        cells[2]["reproductions"] = ["/r/nccl-all_gather-ws2.py"]
     return {"backend": "nccl", "backend_version": "NCCL 2.27.3", "torch": "2.13.0", "world_sizes": [1, 2],
             "cells": cells,
             "training": {"FSDP2": "PASS", "tensor parallel": "PASS (1 of 2 meshes N/A)"}}  # fmt: skip
@@ -351,6 +382,10 @@ def test_the_capability_matrix_is_a_check_in_every_output(tmp_path, failing):
     assert "; FSDP2: PASS; tensor parallel: PASS (1 of 2 meshes N/A)" in check["reason"]  # a line each
     if failing:
         assert "all_gather_single_stacked float16 - gave wrong results (suites/" in check["reason"]
+        assert "(2 ranks); standalone reproduction: /r/nccl-all_gather-ws2.py)" in check["reason"]
+        assert check["details"]["reproductions"] == [
+            "all_gather_single_stacked float16 - (FAIL): /r/nccl-all_gather-ws2.py"
+        ]
     else:
         tried = "1 of the 2 supported cells tried and passed, none gave a wrong result."
         assert check["reason"].endswith(tried)

@@ -35,15 +35,20 @@ def _run_alone(script: Path, pythonpath: str = "") -> subprocess.CompletedProces
 
 
 def _layout_failures(pytester: pytest.Pytester, backend: str, select: str, sizes: str) -> Path:
-    """Run the layout test's ``select`` on ``backend``: its reproductions folder."""
+    """Run the layout test's ``select`` on ``backend``: its reproductions folder, each of them named by
+    the --capability-json entry of a failing or known-bug test."""
     result = run_on_backend(
-        pytester, backend, "-rfx", "-k", select, "--reproductions", "repro", files=("test_layouts.py",),
-        world_sizes=sizes,
+        pytester, backend, "-rfx", "-k", select, "--reproductions", "repro",
+        "--capability-json", "cells.json", files=("test_layouts.py",), world_sizes=sizes,
     )  # fmt: skip
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) + outcomes.get("xfailed", 0) > 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines([f"*standalone reproduction: {pytester.path / 'repro'}/*.py"])
-    return pytester.path / "repro"
+    folder = pytester.path / "repro"
+    tests = json.loads((pytester.path / "cells.json").read_text())["failing_tests"]
+    named = {path for test in tests for path in test["reproductions"]}
+    assert named and named <= {str(path) for path in folder.iterdir()}, tests
+    return folder
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="the manifest's layout entries are gloo's of torch 2.13")
@@ -115,12 +120,17 @@ def test_a_reproduction_of_a_call_gloo_gets_right_exits_0(tmp_path: Path) -> Non
 def test_the_backend_s_own_all_reduce_failing_writes_a_reproduction(pytester: pytest.Pytester) -> None:
     """The backend's own all_reduce with its last element wrong (every dtype and reduce op): at 2 and 3
     ranks, the scripts written from the every-cell sweep's failures (a float32 sum, within its rounding
-    slack, and a max) exit 1 on the mutant and 0 with their backend named refgloo."""
+    slack, and a max) exit 1 on the mutant and 0 with their backend named refgloo; --capability-json names
+    them on the FAIL cells."""
     mutant = "mutant_last_element_wrong_in_every_dtype"
     run_on_backend(
-        pytester, mutant, "-k", "all_reduce]", "--reproductions", "repro", files=("test_every_cell.py",),
-        world_sizes="2,3",
+        pytester, mutant, "-k", "all_reduce]", "--reproductions", "repro", "--capability-json", "cells.json",
+        files=("test_every_cell.py",), world_sizes="2,3",
     ).stdout.fnmatch_lines([f"*standalone reproduction: {pytester.path / 'repro'}/{mutant}-all_reduce-*.py"])
+    # the FAIL cells of the matrix name the scripts written from their failures
+    cells = json.loads((pytester.path / "cells.json").read_text())["cells"]
+    named = [path for cell in cells if cell["status"] == "FAIL" for path in cell.get("reproductions", [])]
+    assert named and all(Path(path).name.startswith(f"{mutant}-all_reduce-") for path in named), cells
     for n in (2, 3):
         for op, dtype in (("sum", "float32"), ("max", "*")):
             script = sorted((pytester.path / "repro").glob(f"{mutant}-all_reduce-{op}-{dtype}-*-ws{n}.py"))[0]

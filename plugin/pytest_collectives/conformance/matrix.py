@@ -25,6 +25,7 @@ from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
 from pytest_collectives.conformance.settings import ConformanceSettings
 from pytest_collectives.execution import configurations, left_out
 from pytest_collectives.execution.examples import KNOWN as KNOWN_EXAMPLE
+from pytest_collectives.execution.reproductions import reproductions_in
 
 if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
     from pytest_collectives.conformance.capabilities import Capabilities, Cell
@@ -55,6 +56,7 @@ class _Tally:
     first_failure: str = ""  # the test (and world size) of the first failing example
     known_bug: str = ""  # the manifest's reason for the first known one
     largest: int = 0  # the most elements an example that passed had (the sweeps' large tiers rotate)
+    test: str = ""  # the node id of the first failing or known example: its reproductions are the cell's
 
 
 class CapabilityMatrix:
@@ -87,6 +89,10 @@ class CapabilityMatrix:
         # failures in another backend's refusal words, where this backend declares none: (that backend,
         # the first such line) and how many (capabilities.resembles)
         self.resembling: dict[str, tuple[str, int]] = {}
+        # the standalone reproductions each failed or known-bug test named, by node id: kept where the
+        # reports arrive (an xdist controller hears its workers' too), not merged
+        self.reproductions: dict[str, list[str]] = {}
+        self.known_fired: set[str] = set()  # conformance tests a known bug failed as expected (xfailed)
 
     def add_probe(self, capabilities: Capabilities, configuration: str = "") -> None:
         self.probes[configuration, capabilities.world_size] = capabilities
@@ -123,9 +129,11 @@ class CapabilityMatrix:
                 elif bugs:  # the test fails the run if this is not the bug (known_bugs)
                     tally.known += 1
                     tally.known_bug = tally.known_bug or bugs[0].reason
+                    tally.test = tally.test or item.nodeid
                 else:
                     tally.failed += 1
                     tally.first_failure = tally.first_failure or f"{item.nodeid} ({world_size} ranks)"
+                    tally.test = tally.test or item.nodeid
 
     def _of(self, configuration: str | None) -> tuple[dict[Cell, _Tally], list[Capabilities]]:
         """The tallies (summed over configurations) and probes of one configuration, or of all (None)."""
@@ -172,6 +180,8 @@ class CapabilityMatrix:
                 row["first_failure"] = tally.first_failure
             if tally.largest:
                 row["largest"] = tally.largest
+            if status in (FAIL, KNOWN) and self.reproductions.get(tally.test):
+                row["reproductions"] = self.reproductions[tally.test]
             rows.append(row)
         return rows
 
@@ -182,6 +192,12 @@ class CapabilityMatrix:
             "backend_version": backend_version(self.backend),
             "torch": _torch().__version__,
             "world_sizes": sorted({n for _, n in self.probes}),
+            # first, what a vendor files: each failed or known-bug test, with the scripts it wrote
+            "failing_tests": [
+                {"test": test, "status": status, "reproductions": self.reproductions.get(test, [])}
+                for status, tests in ((FAIL, self.failed), (KNOWN, self.known_fired - self.failed))
+                for test in sorted(tests)
+            ],
             "cells": rows,
         }
         decided = {n: caps for (_, n), caps in sorted(self.probes.items()) if caps.tier_decided}
@@ -237,6 +253,12 @@ class CapabilityMatrix:
             return
         if report.failed:
             self.failed.add(report.nodeid)
+        if report.skipped and hasattr(report, "wasxfail"):
+            self.known_fired.add(report.nodeid)
+        named = reproductions_in(report.longreprtext + getattr(report, "wasxfail", ""))
+        if named:
+            held = self.reproductions.setdefault(report.nodeid, [])
+            held += [path for path in named if path not in held]
         # a known bug that fired (an xfail) was judged: it is no test left untried
         if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
             self.ran += 1
@@ -438,6 +460,7 @@ def _added(first: _Tally, second: _Tally) -> _Tally:
         first_failure=first.first_failure or second.first_failure,
         known_bug=first.known_bug or second.known_bug,
         largest=max(first.largest, second.largest),
+        test=first.test or second.test,
     )
 
 

@@ -123,6 +123,7 @@ class DistributedSession:
         self.configuration = configurations.Configuration()
         self.sizes_run: dict[str, tuple[int, ...]] = {}  # node id -> world sizes its test runs at
         self.coverage = configurations.Coverage()
+        self.reproductions = str(reproductions_folder(config, settings))  # handed to each test's ranks
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -234,7 +235,7 @@ class DistributedSession:
             world_size=n,
             expected=item.stash.get(EXPECTED_FAILURES, ()),
             env=self.configuration.env,
-            reproductions=str(reproductions_folder(self.config, self.settings)),
+            reproductions=self.reproductions,
         )
         try:
             packed(task)

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from pytest_collectives.execution.reproductions import reproductions_in
 from pytest_collectives.gate.baseline_format import BenchmarkEntry
 from pytest_collectives.hookspecs import merged_answers
 from pytest_collectives.nodereport.judging import nvml
@@ -177,9 +178,10 @@ class NodeReport:
                 counts = self.by_configuration.setdefault(configuration, dict.fromkeys(self.counts, 0))
                 counts[report.outcome] += 1
             if report.failed:
-                self.failures.append(
-                    {"nodeid": report.nodeid, "longrepr": report.longreprtext[-MAX_LONGREPR:]}
-                )
+                failure = {"nodeid": report.nodeid, "longrepr": report.longreprtext[-MAX_LONGREPR:]}
+                if scripts := reproductions_in(report.longreprtext):
+                    failure["reproductions"] = scripts
+                self.failures.append(failure)
 
     def collected(self, session: pytest.Session) -> None:
         # What cannot be read of the topology is a usage error before the tests, not a crash after them.

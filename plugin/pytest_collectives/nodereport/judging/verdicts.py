@@ -149,14 +149,30 @@ def _slow_device_check(label: str, device: int, found: Sequence[tuple[str, Outli
     )
 
 
+def _message(longrepr: str, most: int = 200) -> str:
+    """A failure's message: its first ``E`` line, as pytest prints it in the short summary."""
+    lines = [line[1:].strip() for line in longrepr.splitlines() if line.startswith("E ")]
+    lines = lines or [line.strip() for line in longrepr.splitlines() if line.strip()][-1:] or ["-"]
+    return lines[0] if len(lines[0]) <= most else lines[0][: most - 3] + "..."
+
+
 def _test_check(tests: Mapping[str, Any]) -> Check:
     passed, failed, skipped = tests["passed"], tests["failed"], tests["skipped"]
     counts = {"passed": passed, "failed": failed, "skipped": skipped}
     summary = f"{passed} passed, {failed} failed, {skipped} skipped"
     if failed:
-        return Check(
-            "test run", FAIL, f"{summary}: the failures are listed below with their tracebacks.", counts
-        )
+        # the table lands in every output (terminal, md, xml, html): the tracebacks are the HTML's alone
+        listed = {
+            TABLE: {
+                "columns": ["Test", "Failure", "Standalone reproduction"],
+                "rows": [
+                    [f["nodeid"], _message(f["longrepr"]), " ".join(f.get("reproductions", [])) or "-"]
+                    for f in tests["failures"]
+                ],
+            }
+        }
+        words = "the failing tests are listed below, each with its message and the reproduction it wrote"
+        return Check("test run", FAIL, f"{summary}: {words}.", {**counts, **listed})
     if not passed:
         return Check(
             "test run", WARN, f"{summary}: no test passed, so nothing was verified on this node.", counts
@@ -299,6 +315,7 @@ def _capability_check(matrix: Mapping[str, Any]) -> Check:
     from pytest_collectives.conformance.matrix import PASS as CELL_PASS
     from pytest_collectives.conformance.matrix import STATUSES as CELL_STATUSES
     from pytest_collectives.conformance.matrix import short_dtype
+    from pytest_collectives.execution.reproductions import WORDS
 
     rows: dict[tuple[str, str], dict[str, list[str]]] = {}
     counts = dict.fromkeys(CELL_STATUSES, 0)
@@ -331,14 +348,23 @@ def _capability_check(matrix: Mapping[str, Any]) -> Check:
         + ", ".join(f"{counts[s]} {s}" for s in CELL_STATUSES)
         + stacks
     )
+    # a vendor files a red or known-bug cell with the script its test wrote
+    scripts = [
+        f"{c['operation']} {c['dtype']} {c['reduce_op']} ({c['status']}): {path}"
+        for c in matrix["cells"]
+        for path in c.get("reproductions", [])
+    ]
+    if scripts:
+        details["reproductions"] = scripts
     failed = [c for c in matrix["cells"] if c["status"] == CELL_FAIL]
     if failed:
         first = failed[0]
+        script = "".join(f"; {WORDS}{path}" for path in first.get("reproductions", [])[:1])
         return Check(
             "capability matrix",
             FAIL,
             f"{where}. {first['operation']} {first['dtype']} {first['reduce_op']} gave wrong results "
-            f"({first.get('first_failure', '')}): the failing tests are listed below.",
+            f"({first.get('first_failure', '')}{script}): the failing tests are listed below.",
             details,
         )
     supported = len(matrix["cells"]) - counts[CELL_NA]
