@@ -48,7 +48,7 @@ def test_a_preset_names_the_settings_a_vendor_sweeps() -> None:
     "values, message",
     [
         # (the presets named: those of the backend modules imported so far too, acme-proto in this process)
-        (["nccl-protocol"], "--backend-env nccl-protocol: expected NAME=V1,V2 or a preset ("),
+        (["nccl-protocol"], "--backend-env nccl-protocol: expected NAME=V1,V2 (a comma in a value written"),
         (["1BAD=a"], "--backend-env 1BAD=a: '1BAD' is not an environment variable's name"),
         (["ACME=a,,b"], "--backend-env ACME=a,,b: give each value, e.g. --backend-env ACME=A,B"),
         (["ACME=a,a"], "--backend-env ACME=a,a: a value is listed twice; list each once"),

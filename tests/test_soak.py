@@ -55,6 +55,10 @@ def test_the_times_and_the_replay_command_read_plainly() -> None:
         "pytest", "t.py::test_x[ws2-ACME_PROTO=LL128]", "--hypothesis-seed=7", "--backend-module",
         "acme_backend", "--backend", "acme", "--world-sizes", "2,3,4", "--backend-env", "ACME_PROTO=LL128",
     ]  # fmt: skip
+    # a value holding a comma (a preset's NCCL_PROTO=LL,LL128) is one setting, and replays as one
+    lists = configurations.Configuration((("ACME_PROTO", "LL,LL128"),))
+    command = shlex.split(replay(f"t.py::test_x[ws2-{lists.id}]", 7, settings, lists, 2))
+    assert command[-1] == "ACME_PROTO=LL\\,LL128" and configurations.parse(command[-1:]) == (lists,)
     # where the session timed the size tiers, the replay runs them as the session did (every cell, or one)
     whole = ["--tier-budget", "inf"]
     pinned = replay("t.py::test_x[ws2]", 7, settings, configurations.Configuration(), 2, whole)

@@ -81,13 +81,15 @@ def parse(texts: Sequence[str]) -> tuple[Configuration, ...]:
     for text in (t.strip() for t in texts if t.strip()):
         if "=" in text:
             variable, _, values = text.partition("=")
-            given = {variable.strip(): tuple(v.strip() for v in values.split(","))}
+            # a value holding a comma (NCCL_PROTO=LL,LL128 is one setting) is written with it escaped
+            split = re.split(r"(?<!\\),", values)
+            given = {variable.strip(): tuple(v.replace("\\,", ",").strip() for v in split)}
         elif text in PRESETS:
             given = PRESETS[text]
         else:
             raise OptionError(
-                f"--backend-env {text}: expected NAME=V1,V2 or a preset ({', '.join(sorted(PRESETS))}); a "
-                "backend module declares its own with backend_env_preset()"
+                f"--backend-env {text}: expected NAME=V1,V2 (a comma in a value written \\,) or a preset "
+                f"({', '.join(sorted(PRESETS))}); a backend module declares its own with backend_env_preset()"
             )
         for variable, values in given.items():
             _check(text, variable, values)
@@ -101,6 +103,11 @@ def parse(texts: Sequence[str]) -> tuple[Configuration, ...]:
     return tuple(
         Configuration(tuple(zip(axes, values, strict=True))) for values in itertools.product(*axes.values())
     )
+
+
+def as_option(name: str, value: str) -> str:
+    """``NAME=VALUE`` as ``--backend-env`` reads it back as this one setting: a comma in it escaped."""
+    return f"{name}={value}".replace(",", "\\,")
 
 
 class Rejected(Exception):

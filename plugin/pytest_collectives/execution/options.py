@@ -71,8 +71,9 @@ OPTIONS = (
     Option(
         "backend_env",
         "run the distributed tests once per backend setting: NAME=V1,V2 (environment variables the worker "
-        "groups start with; repeatable: every combination) or a preset (nccl-proto, nccl-algo, nccl-p2p, "
-        "nccl-shm, nccl-nvls, gloo-transport, gloo-lazy-init, or a backend module's own); ini: one a line",
+        "groups start with, a comma in a value written \\,; repeatable: every combination) or a preset "
+        "(nccl-proto, nccl-algo, nccl-p2p, nccl-shm, nccl-nvls, gloo-transport, gloo-lazy-init, or a "
+        "backend module's own); ini: one a line",
         default="",
         ini="string",
         action="append",

@@ -85,7 +85,7 @@ def replay(
         sizes = sorted({*settings.world_sizes, world_size})
         args += ["--world-sizes", ",".join(map(str, sizes))]
     for name, value in configuration.env:
-        args += ["--backend-env", f"{name}={value}"]
+        args += ["--backend-env", configurations.as_option(name, value)]
     return shlex.join([*args, *pinned])
 
 
