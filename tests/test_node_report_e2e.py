@@ -107,9 +107,9 @@ def test_the_cpu_walk_through_runs_as_the_page_shows(pytester: pytest.Pytester) 
     result = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")
     out = result.stdout.str()
     assert result.ret == 0, out[-3000:]
-    assert not unshown(block_of(page, "node report: WARN, report/").text, out), out[-3000:]
+    assert not unshown(block_of(page, "node report: NOT JUDGED, report/").text, out), out[-3000:]
     written = (pytester.path / "report" / "report.md").read_text()
-    assert not unshown(block_of(page, "### Node report: WARN").text, written), written
+    assert not unshown(block_of(page, "### Node report: NOT JUDGED").text, written), written
 
 
 def test_a_report_path_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 from docblocks import block_of, unshown
@@ -181,6 +182,19 @@ def test_a_soak_s_benchmarks_are_sampled_each_pass_into_the_node_report(pytester
     assert (folder / "soak_over_time.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.fixture
+def ctrl_c_heard() -> Iterator[None]:
+    """A Ctrl-C that reaches the soak this test starts. A shell without job control starts its background
+    commands with SIGINT ignored, and a pytest started so (a CI script's `tox ... &`) would hand that to
+    the soak, which then never hears one: a handler of this process's own is reset on exec instead."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_heard")
 def test_ctrl_c_ends_the_soak_with_the_report_of_what_ran(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_it="""
@@ -210,6 +224,7 @@ def test_ctrl_c_ends_the_soak_with_the_report_of_what_ran(pytester: pytest.Pytes
     assert "no test failed in any pass" in out
 
 
+@pytest.mark.usefixtures("ctrl_c_heard")
 def test_a_ctrl_c_that_python_drops_in_a_finalizer_still_ends_the_soak(pytester: pytest.Pytester) -> None:
     # The KeyboardInterrupt is raised inside __del__, where Python reports it as ignored and goes on: a run
     # of these tests once saw a soak carry on for a minute past its Ctrl-C.

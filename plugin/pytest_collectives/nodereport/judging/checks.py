@@ -16,8 +16,10 @@ import numpy as np
 
 from pytest_collectives.nodereport.judging.links import LOOPBACK_LINK
 
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
-STATUSES = (PASS, WARN, FAIL)  # best first
+PASS, NOT_JUDGED, WARN, FAIL = "PASS", "NOT JUDGED", "WARN", "FAIL"
+# best first, as the gate ranks its own: a check with nothing to judge (too few GPUs to compare, too few
+# passes to see a drift, no baseline) says so and is no PASS, though nothing was found wrong either
+STATUSES = (PASS, NOT_JUDGED, WARN, FAIL)
 # The lines come from the spread healthy pairs show. In the seed 8 x RTX 3090 matrix the NV4 pairs sit within
 # 0.4% of their median and the SYS pairs (staged through host memory) within -7% and +11% (MAD 3%); +-5% noise
 # on top of that (a repeat of the measurement) still leaves every healthy pair above 0.88 x its class median.
@@ -46,7 +48,7 @@ class Check:
     """
 
     name: str
-    status: str  # PASS, WARN or FAIL
+    status: str  # PASS, NOT JUDGED, WARN or FAIL
     reason: str
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
 

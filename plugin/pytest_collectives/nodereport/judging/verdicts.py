@@ -18,6 +18,7 @@ from pytest_collectives.nodereport.judging import preflight
 from pytest_collectives.nodereport.judging.bandwidth import judge_node
 from pytest_collectives.nodereport.judging.checks import (
     FAIL,
+    NOT_JUDGED,
     PASS,
     STATUSES,
     TABLE,
@@ -100,7 +101,7 @@ def _host_device_checks(host: Mapping[str, Any] | None) -> list[Check]:
         return [
             Check(
                 _HOST_DEVICE,
-                PASS,
+                NOT_JUDGED,
                 f"{len(measured)} GPU(s) measured: too few for the others to say what a healthy one reaches "
                 f"(needs 3), so their figures (below) were not judged.",
                 {"devices": len(measured)},
@@ -199,10 +200,12 @@ def _configuration_check(each: Sequence[Mapping[str, Any]]) -> Check:
             details,
         )
     if not failing:
+        skipped = sum(c["skipped"] for c in each)
+        left = f" ({skipped} skipped or N/A, counted in the table)" if skipped else ""
         return Check(
             "backend settings",
             PASS,
-            f"Every test ran and passed in each of the {len(each)} configurations.",
+            f"No test failed in any of the {len(each)} configurations, and each ran tests{left}.",
             details,
         )
     if len(failing) == len(each):
@@ -275,7 +278,7 @@ def _soak_checks(soak: Mapping[str, Any]) -> list[Check]:
     if longest < 9:
         over = Check(
             "burn-in bandwidth",
-            PASS,
+            NOT_JUDGED,
             f"{len(series)} benchmarks over {passes} passes: too few to judge a drift over the soak (the "
             f"last third of the passes is compared with the first, 3 passes a third at least).",
         )
@@ -377,7 +380,7 @@ def _capability_check(matrix: Mapping[str, Any]) -> Check:
 def _gate_check(gate: Mapping[str, Any], rows: list[Mapping[str, Any]]) -> Check:
     """The gate's own verdict, as it gave it: the report never judges the benchmarks again (it read PASS
     beside a machine-wide slowdown the gate failed), and names another topology's baseline."""
-    status = {"PASS": PASS, "FAIL": FAIL}.get(gate["status"], WARN)  # NOT JUDGED: nothing is known healthy
+    status = gate["status"]  # the gate ranks the statuses as a Check does
     other = gate.get("other_topology")
     words = f"Judged against a baseline of another topology ({other}), as asked: " if other else "The gate: "
     details: dict[str, Any] = {"available": True, "compared": len(rows), "gate": gate["status"]}
@@ -403,7 +406,7 @@ def _benchmark_check(baseline: Mapping[str, Any]) -> Check:
     if not baseline["available"]:
         return Check(
             "benchmark baseline",
-            WARN,
+            NOT_JUDGED,
             "No benchmark baseline for this topology, so no speed was compared: record one from a known-good "
             "run.",
             {"available": False},
@@ -427,7 +430,7 @@ def _benchmark_check(baseline: Mapping[str, Any]) -> Check:
     if not judged:
         return Check(
             "benchmark baseline",
-            WARN,
+            NOT_JUDGED,
             f"None of the {len(rows)} benchmarks could be judged against the baseline{where} (too few runs "
             f"or rounds): no speed is known to be healthy.",
             details,

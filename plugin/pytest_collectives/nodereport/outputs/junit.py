@@ -1,7 +1,8 @@
 """report.xml: the node report's verdicts as JUnit XML, which every CI system and test dashboard reads.
 
 One testcase per check. JUnit has no warning outcome, so a WARN passes with its reason in system-out and a
-`status` property that a fleet dashboard can filter on; only FAIL is a failure.
+`status` property that a fleet dashboard can filter on; only FAIL is a failure, and a check with nothing to
+judge (NOT JUDGED) is skipped, as a test that could not run.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 from xml.etree import ElementTree
 
-from pytest_collectives.nodereport.judging.checks import FAIL, TABLE, Check
+from pytest_collectives.nodereport.judging.checks import FAIL, NOT_JUDGED, TABLE, Check
 
 
 def render_junit(report: Mapping[str, Any]) -> str:
-    """The verdicts as JUnit XML, one testcase per check: FAIL is a failure; WARN passes with its reason in
-    system-out and a `status` property (JUnit has no warning outcome; a fleet dashboard can filter on it)."""
+    """The verdicts as JUnit XML, one testcase per check: FAIL is a failure, NOT JUDGED skipped; WARN passes
+    with its reason in system-out and a `status` property (JUnit has no warning outcome; a fleet dashboard
+    can filter on it)."""
     checks = [Check(**c) for c in report["checks"]]
     suite = ElementTree.Element(
         "testsuite",
@@ -23,7 +25,7 @@ def render_junit(report: Mapping[str, Any]) -> str:
         tests=str(len(checks)),
         failures=str(sum(c.status == FAIL for c in checks)),
         errors="0",
-        skipped="0",
+        skipped=str(sum(c.status == NOT_JUDGED for c in checks)),
         timestamp=report["created"],
         hostname=report.get("host", ""),
     )
@@ -41,6 +43,8 @@ def render_junit(report: Mapping[str, Any]) -> str:
             failure = ElementTree.SubElement(case, "failure", message=check.reason, type=FAIL)
             failure.text = check.reason + listing
         else:
+            if check.status == NOT_JUDGED:
+                ElementTree.SubElement(case, "skipped", message=check.reason)
             status = ElementTree.SubElement(ElementTree.SubElement(case, "properties"), "property")
             status.set("name", "status")
             status.set("value", check.status)
