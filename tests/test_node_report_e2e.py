@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from docblocks import block_of, commands, pytest_args, unshown
 from helpers import copy_checkout
 
@@ -60,6 +62,12 @@ def test_a_cpu_session_writes_a_valid_report_with_its_failures(pytester, monkeyp
     assert report["host"] == socket.gethostname() and report["preflight"] is None  # a CPU run reads no NVML
     assert (folder / "report.xml").exists() and (folder / "report.md").exists()
     assert report["tests"]["failed"] == 1
+    # what ran, to run it again: the command as typed, and the versions
+    # (pytester adds --basetemp)
+    assert report["run"]["command"].startswith("pytest --node-report report --benchmark-max-time 0.02 ")
+    assert report["run"]["plugin"] == importlib.metadata.version("pytest-collectives")
+    assert report["run"]["hypothesis_seed"] is None and report["run"]["torch"] == torch.__version__
+    assert f"`{report['run']['command']}` in {pytester.path}" in (folder / "report.md").read_text()
     assert "rank 1 is broken" in report["tests"]["failures"][0]["longrepr"]
     p2p = report["p2p"]
     assert p2p["devices"] == ["rank0", "rank1", "rank2"]

@@ -45,7 +45,9 @@ def _layout_failures(pytester: pytest.Pytester, backend: str, select: str, sizes
     assert outcomes.get("failed", 0) + outcomes.get("xfailed", 0) > 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines([f"*standalone reproduction: {pytester.path / 'repro'}/*.py"])
     folder = pytester.path / "repro"
-    tests = json.loads((pytester.path / "cells.json").read_text())["failing_tests"]
+    written = json.loads((pytester.path / "cells.json").read_text())
+    assert "--capability-json cells.json" in written["run"]["command"]  # what ran, to run it again
+    tests = written["failing_tests"]
     named = {path for test in tests for path in test["reproductions"]}
     assert named and named <= {str(path) for path in folder.iterdir()}, tests
     return folder
@@ -118,9 +120,9 @@ def test_a_reproduction_of_a_call_gloo_gets_right_exits_0(tmp_path: Path) -> Non
 
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
 def test_the_backend_s_own_all_reduce_failing_writes_a_reproduction(pytester: pytest.Pytester) -> None:
-    """The backend's own all_reduce with its last element wrong (every dtype and reduce op): at 2 and 3
-    ranks, the scripts written from the every-cell sweep's failures (a float32 sum, within its rounding
-    slack, and a max) exit 1 on the mutant and 0 with their backend named refgloo; --capability-json names
+    """The backend's own all_reduce with its last element wrong (every dtype and reduce op): the scripts
+    written from the every-cell sweep's failures (a float32 sum at 2 ranks, within its rounding slack, and
+    a max at 3) exit 1 on the mutant and 0 with their backend named refgloo; --capability-json names
     them on the FAIL cells."""
     mutant = "mutant_last_element_wrong_in_every_dtype"
     run_on_backend(
@@ -131,12 +133,11 @@ def test_the_backend_s_own_all_reduce_failing_writes_a_reproduction(pytester: py
     cells = json.loads((pytester.path / "cells.json").read_text())["cells"]
     named = [path for cell in cells if cell["status"] == "FAIL" for path in cell.get("reproductions", [])]
     assert named and all(Path(path).name.startswith(f"{mutant}-all_reduce-") for path in named), cells
-    for n in (2, 3):
-        for op, dtype in (("sum", "float32"), ("max", "*")):
-            script = sorted((pytester.path / "repro").glob(f"{mutant}-all_reduce-{op}-{dtype}-*-ws{n}.py"))[0]
-            text = script.read_text()
-            on_mutant = _run_alone(script, str(SUPPORT))
-            assert on_mutant.returncode == 1 and "elements WRONG" in on_mutant.stdout, script.name
-            script.write_text(text.replace(repr(mutant), repr("refgloo")))
-            on_reference = _run_alone(script, str(SUPPORT))
-            assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+    for n, op, dtype in ((2, "sum", "float32"), (3, "max", "*")):  # each script runs 3 or 4 processes
+        script = sorted((pytester.path / "repro").glob(f"{mutant}-all_reduce-{op}-{dtype}-*-ws{n}.py"))[0]
+        text = script.read_text()
+        on_mutant = _run_alone(script, str(SUPPORT))
+        assert on_mutant.returncode == 1 and "elements WRONG" in on_mutant.stdout, script.name
+        script.write_text(text.replace(repr(mutant), repr("refgloo")))
+        on_reference = _run_alone(script, str(SUPPORT))
+        assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)

@@ -28,9 +28,10 @@ def pytest_collectives_node_checks(config: pytest.Config) -> Mapping[str, Sequen
     """Extra checks for ``--node-report``, from a vendor's plugin or a conftest (a NIC, InfiniBand or
     firmware check): ``{namespace: [check, ...]}``, each check ``{"name", "status": "PASS" | "NOT JUDGED"
     | "WARN" | "FAIL" (NOT JUDGED: it had nothing to judge), "reason", "details": {...} (optional)}``. They
-    land in every output of the report (HTML, Markdown, JUnit, and ``report.json`` under ``extensions.<namespace>``, as ``namespace: name`` among the
-    checks) and count toward its verdict. Called once, at the end of the session, in the process that
-    writes the report; a check the schema rejects leaves the report unwritten, naming the field."""
+    land in every output of the report (HTML, Markdown, JUnit, and ``report.json`` under
+    ``extensions.<namespace>``, as ``namespace: name`` among the checks) and count toward its verdict.
+    Called once, at the end of the session, in the process that writes the report; a check the schema
+    rejects leaves the report unwritten, naming the field."""
 
 
 def pytest_collectives_baseline_key(config: pytest.Config) -> Mapping[str, str] | None:

@@ -25,6 +25,7 @@ from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
 from pytest_collectives.conformance.settings import ConformanceSettings
 from pytest_collectives.execution import configurations, left_out
 from pytest_collectives.execution.examples import KNOWN as KNOWN_EXAMPLE
+from pytest_collectives.execution.provenance import provenance
 from pytest_collectives.execution.reproductions import reproductions_in
 
 if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
@@ -192,7 +193,7 @@ class CapabilityMatrix:
             "backend_version": backend_version(self.backend),
             "torch": _torch().__version__,
             "world_sizes": sorted({n for _, n in self.probes}),
-            # first, what a vendor files: each failed or known-bug test, with the scripts it wrote
+            # what a vendor files: each failed or known-bug test, with the scripts it wrote
             "failing_tests": [
                 {"test": test, "status": status, "reproductions": self.reproductions.get(test, [])}
                 for status, tests in ((FAIL, self.failed), (KNOWN, self.known_fired - self.failed))
@@ -410,7 +411,8 @@ class CapabilityMatrix:
             )
         path = self.settings.capability_json
         if path:
-            write_atomic(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            recorded = {**doc, "run": provenance(self.config)}  # what ran, to run it again
+            write_atomic(Path(path), json.dumps(recorded, indent=1, sort_keys=True) + "\n")
             terminalreporter.write_line(f"capability matrix written to {path}")
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:

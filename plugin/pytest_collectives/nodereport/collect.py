@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from pytest_collectives.execution.provenance import provenance
 from pytest_collectives.execution.reproductions import reproductions_in
 from pytest_collectives.gate.baseline_format import BenchmarkEntry
 from pytest_collectives.hookspecs import merged_answers
@@ -203,6 +204,7 @@ class NodeReport:
         data = {
             "topology_id": topology_id(fingerprint),
             "host": socket.gethostname(),
+            "run": provenance(self.config),
             "fingerprint": fingerprint.to_json(),
             "preflight": nvml.sample_throttle(self.preflight) if self.preflight else None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

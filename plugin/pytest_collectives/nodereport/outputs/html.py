@@ -12,6 +12,7 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_collectives.execution.provenance import provenance_line
 from pytest_collectives.nodereport.judging.checks import STATUSES, TABLE, Check, worst_first
 from pytest_collectives.nodereport.judging.link_matrix import explain_pairs
 from pytest_collectives.nodereport.judging.links import link_meaning
@@ -29,6 +30,7 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> 
         "report.html.j2",
         topology_id=report["topology_id"],
         created=report["created"],
+        run=provenance_line(report["run"]) if "run" in report else "",
         verdict=report["verdict"],
         counts={s: sum(c.status == s for c in checks) for s in STATUSES},
         checks=[

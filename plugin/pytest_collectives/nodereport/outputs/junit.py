@@ -32,6 +32,8 @@ def render_junit(report: Mapping[str, Any]) -> str:
     properties = ElementTree.SubElement(suite, "properties")
     ElementTree.SubElement(properties, "property", name="topology_id", value=report["topology_id"])
     ElementTree.SubElement(properties, "property", name="verdict", value=report["verdict"])
+    for key, value in report.get("run", {}).items():  # what ran, to run it again
+        ElementTree.SubElement(properties, "property", name=key, value="" if value is None else value)
     for check in checks:
         case = ElementTree.SubElement(
             suite, "testcase", classname=f"node-report.{report['topology_id']}", name=check.name, time="0"

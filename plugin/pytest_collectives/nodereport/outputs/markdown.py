@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_collectives.execution.provenance import provenance_line
 from pytest_collectives.nodereport.judging.checks import TABLE, Check, worst_first
 
 
@@ -25,6 +26,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"`{report['topology_id']}`"
         + (f" on `{report['host']}`" if report.get("host") else "")
         + f", created {report['created']}",
+        *(["", provenance_line(report["run"])] if "run" in report else []),
         "",
         "| Status | Check | Reason and what to do |",
         "| --- | --- | --- |",
