@@ -269,3 +269,24 @@ def test_each_configuration_runs_whole_before_the_next_in_a_plain_run_s_order() 
     items = [item("x-a", a), item("y-b", b), item("plain", None), item("y-a", a), item("x-b", b)]
     one_configuration_at_a_time(items, (a, b))  # type: ignore[arg-type]
     assert [i.name for i in items] == ["plain", "x-a", "y-a", "y-b", "x-b"]
+
+
+def test_the_matrix_records_the_backend_version_the_ranks_ran(pytester: pytest.Pytester) -> None:
+    """A backend's version is what its ranks read, not what pytest's own process imported: a library path
+    given as a backend setting may load another build. Here the backend module declares the version it
+    finds in its environment, which only the ranks' holds, a different one in each configuration."""
+    copy_conformance(pytester.path, ("test_all_reduce.py",))
+    pytester.makepyfile(
+        acme_versioned="""
+        import os
+        from pytest_collectives import declare
+
+        declare("gloo", version=os.environ.get("ACME_BUILD", "the one pytest imported"))
+        """
+    )
+    result = pytester.runpytest(
+        "--world-sizes", "2", "-k", "exact_reference and -all_reduce]", "--backend-module", "acme_versioned",
+        "--backend-env", "ACME_BUILD=1.0,2.0", "--capability-json", "cells.json", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert json.loads((pytester.path / "cells.json").read_text())["backend_version"] == "1.0; 2.0"

@@ -225,8 +225,7 @@ def test_a_backend_built_on_gloo_inherits_its_known_bugs_and_records_its_own_ver
     """A vendor's backend that hands its calls to gloo failed gloo's own known bugs on its first run, and
     the matrix called it "bundled with torch". One line of its module, declare(built_on=, version=), now
     carries gloo's refusal words and known bugs over, and names the backend's own version."""
-    from pytest_collectives.backend_declarations import declare, refused_in
-    from pytest_collectives.conformance.matrix import backend_version
+    from pytest_collectives.backend_declarations import backend_version, declare, refused_in
 
     bug = KnownBug(("gloo",), "test_p", "AssertionError", "wrong", "gloo drops it", "bugs.json")
     item = Item("t.py::test_p[ws2-float32]")

@@ -116,6 +116,21 @@ def declared_version(backend: str) -> str | None:
     return _VERSIONS.get(backend)
 
 
+def backend_version(backend: str) -> str:
+    """What the matrix records of the backend's version: a third-party backend's own (``declare``), never
+    torch's, which ships only gloo, NCCL and their kin. Read on the ranks (the probe): what they ran."""
+    import torch
+
+    if declared := declared_version(backend):
+        return declared
+    if "nccl" in backend and torch.cuda.is_available():
+        return "NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
+    if all(name in BUNDLED for name in backend_names(backend)):
+        return f"bundled with torch {torch.__version__}"
+    base = lineage(backend)[1:]
+    return "version not declared" + (f" (built on {base[0]})" if base else "")
+
+
 def backend_names(backend: str) -> list[str]:
     """The backends' names in a backend spec: "gloo", or "cpu:gloo,cuda:nccl"."""
     return [part.split(":")[-1].lower() for part in backend.split(",")]

@@ -182,7 +182,12 @@ def probe(pg: Any) -> Capabilities:
     semantics = exceptional_semantics(pg, found)
     probe_each(DATA_OPERATIONS, [NO_OP])
     devices.synchronize(pg.device)
-    return Capabilities(pg.backend, pg.device.type, n, found, semantics=semantics)
+    from pytest_collectives.backend_declarations import backend_version
+
+    return Capabilities(
+        pg.backend, pg.device.type, n, found, semantics=semantics,
+        backend_version=backend_version(pg.backend), torch_version=torch.__version__,
+    )  # fmt: skip
 
 
 EXCEPTIONAL = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
@@ -297,6 +302,10 @@ class Capabilities:
     draw_s: float | None = None
     large_cells: int = 0  # all_reduce's, the most cells a sweep has, which the budget must hold
     whole_large_tier: bool = False
+    # the backend's and torch's versions as the ranks read them: what ran, which under a setting of
+    # --backend-env (a library path) may not be what pytest's own process imported
+    backend_version: str = ""
+    torch_version: str = ""
     # cases.supported_cells' answers, asked at every draw of every example: (operations, dtypes, ops) ->
     # cells. Answered afresh each time, they were a fifth of pytest's own time in a profile of the suites.
     answered: dict[Any, list[Any]] = dataclasses.field(

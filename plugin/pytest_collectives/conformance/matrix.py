@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_collectives.atomic import write_atomic
+from pytest_collectives.backend_declarations import backend_version
 from pytest_collectives.conformance import known_bugs, rotation, tiers
 from pytest_collectives.conformance.mismatches import SILENT
 from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
@@ -188,10 +189,13 @@ class CapabilityMatrix:
 
     def document(self) -> dict[str, Any]:
         rows = self.rows()
+        # as the ranks read them (the probes), each different one named; pytest's own where none did
+        ran = [caps for caps in self.probes.values() if caps.backend_version]
         doc = {
             "backend": self.backend,
-            "backend_version": backend_version(self.backend),
-            "torch": _torch().__version__,
+            "backend_version": "; ".join(sorted({c.backend_version for c in ran}))
+            or backend_version(self.backend),
+            "torch": "; ".join(sorted({c.torch_version for c in ran})) or _torch().__version__,
             "world_sizes": sorted({n for _, n in self.probes}),
             # what a vendor files: each failed or known-bug test, with the scripts it wrote
             "failing_tests": [
@@ -307,6 +311,7 @@ class CapabilityMatrix:
                         c.timed, c.ranks_a_core, c.large_example_s, c.draw_s, c.large_cells,
                         c.whole_large_tier,
                     ],  # fmt: skip
+                    "versions": [c.backend_version, c.torch_version],
                 }
                 for (configuration, _), c in self.probes.items()
             ],
@@ -326,10 +331,11 @@ class CapabilityMatrix:
             cells, withheld = ({(o, d, r): why for o, d, r, why in probe[k]} for k in ("cells", "withheld"))
             semantics = {(o, d, r, v): what for o, d, r, v, what in probe["semantics"]}
             timed, sharing, took, draw, most, whole = probe["tiers"]
+            ran, torch_ran = probe["versions"]
             caps = Capabilities(
                 probe["backend"], probe["device_type"], probe["world_size"], cells, withheld, semantics,
                 timed=timed, ranks_a_core=sharing, large_example_s=took, draw_s=draw, large_cells=most,
-                whole_large_tier=whole,
+                whole_large_tier=whole, backend_version=ran, torch_version=torch_ran,
             )  # fmt: skip
             held = self.probes.get((probe["configuration"], caps.world_size))
             self.add_probe(_turned_first(held, caps), probe["configuration"])
@@ -697,22 +703,6 @@ def mismatch_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines += [f"  {operation}: {' and '.join(kinds)}, returned on every rank"
               for operation, kinds in by_operation.items()]
     return lines
-
-
-def backend_version(backend: str) -> str:
-    """What the matrix records of the backend's version: a third-party backend's own (backends.declare),
-    never torch's, which ships only gloo, NCCL and their kin."""
-    from pytest_collectives.backend_declarations import BUNDLED, backend_names, declared_version, lineage
-
-    if declared := declared_version(backend):
-        return declared
-    torch = _torch()
-    if "nccl" in backend and torch.cuda.is_available():
-        return "NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
-    if all(name in BUNDLED for name in backend_names(backend)):
-        return f"bundled with torch {torch.__version__}"
-    base = lineage(backend)[1:]
-    return "version not declared" + (f" (built on {base[0]})" if base else "")
 
 
 def _torch() -> Any:
