@@ -604,6 +604,22 @@ class RejectsOneProtocol(ReferenceBackend):
         super().__init__(*args)
 
 
+class RefusesOnOneRankFaultsOnAnother(ReferenceBackend):
+    """With ACME_PROTO=LL128, rank 0 turns the setting down in its module's declared words as the group
+    starts while the last rank faults (a CUDA error): the fault is what the setting did, and the rank that
+    refused must not hide it."""
+
+    name = "mutant_refuses_on_one_rank_faults_on_another"
+    refusals = (r"ACME_PROTO=\w+ is not supported on this node",)
+
+    def __init__(self, store: dist.Store, rank: int, size: int, *args: Any) -> None:
+        if os.environ.get("ACME_PROTO") == "LL128" and rank == 0:
+            raise RuntimeError("ACME_PROTO=LL128 is not supported on this node")
+        if os.environ.get("ACME_PROTO") == "LL128" and rank == size - 1:
+            raise RuntimeError("internal error: unhandled cuda error (illegal memory access) in setup")
+        super().__init__(store, rank, size, *args)
+
+
 class FaultsAtFirstStart(ReferenceBackend):
     """Rank 0 raises as the session's first group starts (a port taken, a link retraining), and never
     again: the file ACME_START_FAULT_FILE says it has. The second start works; the setting is still
@@ -933,6 +949,7 @@ MUTANTS = [
     LargeObjectsTruncated,
     FaultsAtStartUnderOneProtocol,
     RejectsOneProtocol,
+    RefusesOnOneRankFaultsOnAnother,
     FaultsAtFirstStart,
     WrongAfterWear,
     WrongOnceInThousands,

@@ -271,13 +271,14 @@ def last_words(stderr: str) -> str:
     return "\n".join(lines[max(0, fatal[-1] - ABORT_REASON_LINES) : fatal[-1] + CRASH_TAIL_LINES])
 
 
-def _start_words(failure: GroupOutcome) -> str | None:
-    """What a rank raised as its group started, where ranks raised and none crashed (the others may wait on
-    it), else None: a crash or a hang is never the backend's answer to a setting."""
+def _start_words(failure: GroupOutcome) -> list[str] | None:
+    """What each rank that raised as its group started said, where ranks raised and none crashed (the others
+    may wait on them), else None: a crash or a hang is never the backend's answer to a setting. Every
+    rank's: one rank's refusal must not hide another's fault."""
     statuses = {r.status for r in failure.ranks}
     if FAILED not in statuses or CRASHED in statuses:
         return None
-    return _last_line(next(r for r in failure.ranks if r.status == FAILED), "")
+    return [_last_line(r, "") for r in failure.ranks if r.status == FAILED]
 
 
 def _last_line(report: RankReport | None, otherwise: str) -> str:
@@ -422,11 +423,15 @@ class GroupPool:
         group, failures = self._start(world_size, env)
         where = f" with {Configuration(env).id}" if env else ""
         if group is None:
-            # N/A only in the backend's declared words, and only where each start raised them (no crash or
-            # hang): anything else is a failure of the setting that quotes what the ranks said.
-            words = [_start_words(f) for f in failures]
-            if env and all(w is not None and refused_in(w, self.backend) is not None for w in words):
-                self.rejected[env] = Rejected(Configuration(env), self.backend, words[-1] or "")
+            # N/A only in the backend's declared words, and only where each rank that raised in each start
+            # said them (no crash or hang): anything else is a failure of the setting that quotes what the
+            # ranks said.
+            said = [_start_words(f) for f in failures]
+            if env and all(
+                lines is not None and all(refused_in(line, self.backend) is not None for line in lines)
+                for lines in said
+            ):
+                self.rejected[env] = Rejected(Configuration(env), self.backend, said[-1][-1])
                 raise self.rejected[env]
             failures[-1].replaced.append(
                 f"the group failed to start {len(failures)} of {len(failures)} times{where}"
