@@ -290,3 +290,23 @@ def test_the_matrix_records_the_backend_version_the_ranks_ran(pytester: pytest.P
     )  # fmt: skip
     assert result.ret == 0, result.stdout.str()[-3000:]
     assert json.loads((pytester.path / "cells.json").read_text())["backend_version"] == "1.0; 2.0"
+
+
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+def test_a_setting_whose_group_never_starts_is_paid_once_and_named(pytester: pytest.Pytester) -> None:
+    """Groups that hang as they start under one setting: its first test at each world size errs after the
+    start's two tries, the others at once (not two more --dist-timeouts each), and the closing verdicts
+    name the setting, not only the conformance cells of the one that ran."""
+    copy_conformance(pytester.path, ("test_all_reduce.py",))
+    result = pytester.runpytest(
+        "--world-sizes", "2,3", "-k", "exact_reference and (-all_reduce] or ring_all_reduce])",
+        "--backend-module", "mutant_backends", "--backend", "mutant_hangs_at_start_under_ll128",
+        "--backend-env", "ACME_PROTO=LL,LL128", "--dist-timeout", "3", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    out = result.stdout.str()
+    assert result.ret == 1, out[-3000:]
+    # 3 tests at 2 world sizes in each setting; two starts at each world size in LL128, one in LL
+    assert (result.parseoutcomes()["errors"], result.parseoutcomes()["passed"]) == (6, 6), out[-3000:]
+    assert "collectives: 6 worker group(s) started" in out, out[-3000:]
+    assert "not tried again for the tests after this one" in out
+    result.stdout.fnmatch_lines(["backend settings: FAIL, groups did not start with ACME_PROTO=LL128"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from typing import Any
 
 import torch
@@ -592,6 +593,18 @@ class FaultsAtStartUnderOneProtocol(ReferenceBackend):
         super().__init__(*args)
 
 
+class HangsAtStartUnderLl128(ReferenceBackend):
+    """Every rank's group start never returns with ACME_PROTO=LL128 (a transport waiting on a peer that
+    never answers): its tests fail, the start is paid once, and the closing verdicts name the setting."""
+
+    name = "mutant_hangs_at_start_under_ll128"
+
+    def __init__(self, *args: Any) -> None:
+        while os.environ.get("ACME_PROTO") == "LL128":
+            time.sleep(1)
+        super().__init__(*args)
+
+
 class RejectsOneProtocol(ReferenceBackend):
     """Every rank turns ACME_PROTO=LL128 down as its group starts, in words its module declares: N/A."""
 
@@ -949,6 +962,7 @@ MUTANTS = [
     LargeObjectsTruncated,
     FaultsAtStartUnderOneProtocol,
     RejectsOneProtocol,
+    HangsAtStartUnderLl128,
     RefusesOnOneRankFaultsOnAnother,
     FaultsAtFirstStart,
     WrongAfterWear,

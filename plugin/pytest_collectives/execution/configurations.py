@@ -120,6 +120,9 @@ class Rejected(Exception):
         self.words = words
 
 
+UNSTARTED = "group_not_started"  # a report's property where the test's group did not start in its setting
+
+
 class Coverage:
     """Which configurations of a sweep had a test run: one none of whose tests ran (each N/A, rejected or
     skipped) is untested, and a run that asked for it fails, as a conformance run that checked nothing does.
@@ -128,11 +131,14 @@ class Coverage:
     def __init__(self) -> None:
         self.ran: dict[str, int] = {}  # configuration id -> tests that passed or failed in it
         self.skipped: dict[str, str] = {}  # configuration id -> the first skip's reason (a rejection's words)
+        self.unstarted: list[str] = []  # configuration ids where a test's group did not start, in order
 
     def add(self, report: pytest.TestReport) -> None:
         configuration = dict(report.user_properties).get("backend_env")
         if configuration is None or left_out.of_report(report):  # not asked to run
             return
+        if UNSTARTED in dict(report.user_properties) and configuration not in self.unstarted:
+            self.unstarted.append(configuration)
         ran = report.failed or (report.when == "call" and report.passed)
         self.ran[configuration] = self.ran.get(configuration, 0) + int(ran)
         if report.skipped and isinstance(report.longrepr, tuple):

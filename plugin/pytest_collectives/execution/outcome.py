@@ -68,6 +68,8 @@ class GroupOutcome:
     # In a batch of examples: the values of the one that failed, which the shrunk batch may still follow
     # passing examples with (hypothesis cannot always delete them), so the report names it alone.
     failing_example: str = ""
+    # the group never started (twice tried): the test never ran, and its configuration is named for it
+    unstarted: bool = False
 
     def verdict(self) -> str:
         statuses = {r.status for r in self.ranks}

@@ -340,11 +340,15 @@ class DistributedSession:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
         report = yield
         rep = report.get_result()
+        failure = call.excinfo.value if call.excinfo is not None else None
+        if isinstance(failure, DistributedTestFailure) and failure.outcome.unstarted:
+            # in any phase (a fixture's group too): the closing verdicts name the setting (Coverage)
+            rep.user_properties.append((configurations.UNSTARTED, "true"))
         if call.when != "call":
             return
         outcome = item.stash.get(_outcome_key, None)
-        if call.excinfo is not None and isinstance(call.excinfo.value, DistributedTestFailure):
-            outcome = call.excinfo.value.outcome  # also when the group failed to start, before any dispatch
+        if isinstance(failure, DistributedTestFailure):
+            outcome = failure.outcome  # also when the group failed to start, before any dispatch
         if outcome is not None and self.config.getoption("capture") != "no":
             for title, text in outcome.sections():
                 rep.sections.append((f"Captured {title}", text))
@@ -364,9 +368,11 @@ class DistributedSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def verdict(self) -> str | None:
-        """The closing line where a backend setting (--backend-env) went untested; None otherwise."""
-        untested = self.coverage.untested()
-        return f"backend settings: FAIL, untested: {', '.join(untested)}" if untested else None
+        """The closing line where a backend setting (--backend-env) went untested or its groups did not
+        start; None otherwise."""
+        said = [f"groups did not start with {c}" for c in self.coverage.unstarted]
+        said += [f"untested: {', '.join(self.coverage.untested())}"] * bool(self.coverage.untested())
+        return f"backend settings: FAIL, {'; '.join(said)}" if said else None
 
     def summary(self, terminalreporter: Any) -> None:
         records = side_by_side.records(self.config)

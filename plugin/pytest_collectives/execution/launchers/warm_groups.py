@@ -381,6 +381,8 @@ class GroupPool:
         self.root = tempfile.mkdtemp(prefix="collectives-", dir=root)
         self.groups: dict[tuple[int, str, tuple[int, ...], Env], WorkerGroup] = {}
         self.rejected: dict[Env, Rejected] = {}  # configurations the backend would not start a group in
+        # (world size, configuration) whose group failed to start twice, hung or faulting: how it failed
+        self.unstarted: dict[tuple[int, Env], GroupOutcome] = {}
         self.started = 0
 
     def spec_for(self, world_size: int, env: Env = ()) -> GroupSpec:
@@ -411,6 +413,8 @@ class GroupPool:
         since its last test are added to ``lost``."""
         if env in self.rejected:
             raise self.rejected[env]
+        if (world_size, env) in self.unstarted:  # paid once: its start is not tried again at each test
+            raise DistributedTestFailure.of(self.unstarted[world_size, env])
         key = (world_size, self.backend, tuple(range(world_size)) if self.gpus else (), env)
         group = self.groups.get(key)
         if group is not None:
@@ -436,6 +440,10 @@ class GroupPool:
             failures[-1].replaced.append(
                 f"the group failed to start {len(failures)} of {len(failures)} times{where}"
             )
+            failures[-1].unstarted = True
+            if env:  # a setting that keeps a group from starting does so at every test: tried once
+                failures[-1].replaced.append("not tried again for the tests after this one")
+                self.unstarted[world_size, env] = failures[-1]
             raise DistributedTestFailure.of(failures[-1])
         self.groups[key] = group
         if failures:
