@@ -129,6 +129,23 @@ def test_each_save_adds_a_run_and_the_last_n_are_kept(tmp_path):
     assert runs == 1 and set(run.benchmarks) == {"y"}
 
 
+def test_a_save_never_drops_a_run_unless_told_how_many_to_keep(tmp_path):
+    """A committed baseline of 5 runs, and a user's --baseline-save: it once dropped the oldest committed
+    run without a word. Without --baseline-keep the save refuses, naming the ways on; the file is as it
+    was; with it, the window rolls."""
+    entry = BenchmarkEntry.from_samples([1e-3] * 3, iterations=7)
+    for _ in range(5):
+        path, runs = save_baseline(tmp_path, cpu_fingerprint(), {"x": entry})
+    before = path.read_bytes()
+    with pytest.raises(BaselineError) as refused:
+        save_baseline(tmp_path, cpu_fingerprint(), {"x": entry})
+    said = str(refused.value)
+    assert said.startswith(f"{path} holds 5 runs: saving this one would drop its oldest (recorded ")
+    assert all(way in said for way in ("--baseline-name NAME", "--baseline-keep 5", "--baseline-overwrite"))
+    assert path.read_bytes() == before
+    assert save_baseline(tmp_path, cpu_fingerprint(), {"x": entry}, keep=5) == (path, 5)
+
+
 def test_file_is_sorted_json_with_one_benchmark_per_line(tmp_path):
     saved(tmp_path)
     path = saved(tmp_path)

@@ -215,6 +215,19 @@ def test_an_unreadable_baseline_is_never_replaced_without_the_flag(pytester, ben
     assert json.loads(path.read_text())["schema_version"] == 2
 
 
+def test_a_save_onto_a_full_baseline_refuses_rather_than_drop_a_run(pytester, bench_dir) -> None:
+    for _ in range(5):
+        run(pytester, "--baseline-save").assert_outcomes(passed=1)
+    path = only_baseline(bench_dir)
+    before = path.read_text()
+    refused = run(pytester, "--baseline-save")
+    assert refused.ret == pytest.ExitCode.TESTS_FAILED
+    refused.stdout.fnmatch_lines([f"baseline error: {path} holds 5 runs: saving this one would drop*"])
+    assert path.read_text() == before
+    run(pytester, "--baseline-save", "--baseline-keep", "5").assert_outcomes(passed=1)
+    assert path.read_text() != before and len(json.loads(path.read_text())["runs"]) == 5
+
+
 @pytest.mark.parametrize(
     "content, field",
     [("", "*empty*"), ('{"schema_version": 1', "*JSON*"), ('{"schema_version": 99}', "*schema_version*")],

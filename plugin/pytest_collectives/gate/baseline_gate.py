@@ -34,7 +34,14 @@ from pytest_collectives.gate.statistics import (
     reconfirmed,
     resting_on,
 )
-from pytest_collectives.gate.store import DEFAULT_NAME, check_saveable, load_baseline, save_baseline, sittings
+from pytest_collectives.gate.store import (
+    DEFAULT_NAME,
+    KEEP_RUNS,
+    check_saveable,
+    load_baseline,
+    save_baseline,
+    sittings,
+)
 from pytest_collectives.hookspecs import merged_answers
 from pytest_collectives.topology.compare import described, looks_degraded, nearest
 from pytest_collectives.topology.detect import detect
@@ -133,7 +140,7 @@ class BaselineGate:
             settings.name, self.config.hook.pytest_collectives_baseline_key(config=self.config)
         )
         if settings.save:
-            check_saveable(self.settings.root, fingerprint, settings.overwrite, self.name)
+            check_saveable(self.settings.root, fingerprint, settings.overwrite, self.name, settings.keep)
         if settings.judging_first:
             self.resolved = resolve_baseline(self.settings.root, fingerprint, settings.baseline, self.name)
 
@@ -252,7 +259,7 @@ class BaselineGate:
         self.outcome.append(f"saved as run {runs} of the baseline {path}{armed}")
         self.lines.append(
             f"saved {len(results)} benchmark(s) as a run of the baseline of {topology_id(self.machine())}: "
-            f"{path} ({runs} run(s) kept of {self.settings.keep}{armed})"
+            f"{path} ({runs} run(s) kept of {self.settings.keep or KEEP_RUNS}{armed})"
         )
         if runs > 1 and len(set(sittings(load_baseline(path).runs))) == 1:
             self.lines.append(

@@ -19,8 +19,8 @@ DEFAULT_MIN_JUDGED = 0.5
 OPTIONS = (
     Option("baseline_save", "add this run to the baseline of this machine's topology (keeps the last "
            f"--baseline-keep runs; the gate judges from {MIN_RUNS})", action="store_true"),
-    Option("baseline_keep", f"runs a baseline keeps (default {KEEP_RUNS})", metavar="N",
-           default=str(KEEP_RUNS)),
+    Option("baseline_keep", f"runs a baseline keeps, the oldest dropped (default {KEEP_RUNS}; a save that "
+           "would drop one refuses until this is given)", metavar="N"),
     Option("baseline_overwrite", "with --baseline-save: start the baseline afresh with this run (also "
            "replaces an unreadable or old-format file)", action="store_true"),
     Option("baseline_name", "keep configurations of one topology apart: its baseline is "
@@ -63,7 +63,7 @@ class GateSettings:
     min_effect: float  # --regression-threshold
     tolerance: float | None  # --machine-tolerance; None: learnt from the baseline
     min_judged: float  # --min-judged
-    keep: int  # --baseline-keep
+    keep: int | None  # --baseline-keep; None: not given, and no save drops a run
     root: Path  # the ini's baseline_dir, under the rootdir
     benchmark_skip: bool = False  # pytest-benchmark's own, which leave nothing to judge
     benchmark_disable: bool = False
@@ -96,8 +96,8 @@ def fraction(flag: str, text: str, upper: float | None, closed: bool = False) ->
 
 def read(config: pytest.Config) -> GateSettings:
     opt = config.getoption
-    keep = str(opt("baseline_keep"))
-    if not keep.isdigit() or int(keep) < 1:
+    keep = opt("baseline_keep")
+    if keep is not None and (not str(keep).isdigit() or int(keep) < 1):
         raise OptionError(f"--baseline-keep {keep}: expected a whole number of runs >= 1, e.g. 5")
     if opt("baseline_overwrite") and not opt("baseline_save"):
         raise OptionError("--baseline-overwrite only makes sense with --baseline-save")
@@ -120,7 +120,7 @@ def read(config: pytest.Config) -> GateSettings:
         min_effect=fraction("--regression-threshold", str(opt("regression_threshold")), 1),
         tolerance=None if tolerance is None else fraction("--machine-tolerance", str(tolerance), None),
         min_judged=fraction("--min-judged", str(opt("min_judged")), 1, closed=True),
-        keep=int(keep),
+        keep=None if keep is None else int(keep),
         root=config.rootpath / (BASELINE_DIR.value(config) or "baselines"),
         benchmark_skip=bool(opt("benchmark_skip", False)),
         benchmark_disable=bool(opt("benchmark_disable", False)),

@@ -94,12 +94,18 @@ def _git_commit(directory: Path) -> str | None:
 
 
 def check_saveable(
-    directory: str | os.PathLike[str], fingerprint: Fingerprint, overwrite: bool, name: str = DEFAULT_NAME
+    directory: str | os.PathLike[str],
+    fingerprint: Fingerprint,
+    overwrite: bool,
+    name: str = DEFAULT_NAME,
+    keep: int | None = None,
 ) -> Baseline | None:
     """The baseline a new run would be added to (None: a new file, or a fresh start with ``overwrite``).
 
     Raises when the file is there but can't be extended: unreadable, another format or another topology
-    (only ``overwrite`` replaces it), or a directory in its place.
+    (only ``overwrite`` replaces it), or a directory in its place; and where the run would drop one of
+    the file's (it holds KEEP_RUNS) with no ``keep`` asked for: a committed baseline's runs are never lost
+    to a user's save unless they said how many to keep.
     """
     path = baseline_path(directory, fingerprint, name)
     if find_baseline(directory, fingerprint, name) is None or overwrite:
@@ -112,6 +118,14 @@ def check_saveable(
         raise BaselineError(
             f"{path}: recorded on topology {existing.topology_id}, not this machine's; "
             f"pass {OVERWRITE_FLAG} to start a new baseline there"
+        )
+    if keep is None and len(existing.runs) >= KEEP_RUNS:
+        oldest = existing.runs[-KEEP_RUNS]
+        raise BaselineError(
+            f"{path} holds {len(existing.runs)} runs: saving this one would drop its oldest (recorded "
+            f"{oldest.created}{f' at commit {oldest.commit}' if oldest.commit else ''}); record a baseline "
+            f"of your own with --baseline-name NAME, keep the last {KEEP_RUNS} with --baseline-keep "
+            f"{KEEP_RUNS}, or start afresh with {OVERWRITE_FLAG}"
         )
     return existing
 
@@ -150,17 +164,18 @@ def save_baseline(
     results: Mapping[str, BenchmarkEntry],
     overwrite: bool = False,
     name: str = DEFAULT_NAME,
-    keep: int = KEEP_RUNS,
+    keep: int | None = None,
 ) -> tuple[Path, int]:
     """Add this run to `<directory>/<topology-id>/<name>.json`, keeping the last ``keep`` runs (with
-    ``overwrite``: this run alone); returns the path and the number of runs it now holds.
+    ``overwrite``: this run alone; None: KEEP_RUNS, and never one dropped, check_saveable); returns the path
+    and the number of runs it now holds.
 
     The document is validated with the loader's own rules before anything is written, so a saved baseline
     always loads; the file appears complete or not at all (temp file, fsync, rename).
     """
-    if keep < 1:
+    if keep is not None and keep < 1:
         raise BaselineError(f"keep {keep} run(s): a baseline keeps at least one run")
-    existing = check_saveable(directory, fingerprint, overwrite, name)
+    existing = check_saveable(directory, fingerprint, overwrite, name, keep)
     path = baseline_path(directory, fingerprint, name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,7 +192,7 @@ def save_baseline(
         benchmarks={bench: entry.summary() for bench, entry in sorted(results.items())},
         boot=_boot_id(),
     )
-    runs = [*(existing.runs if existing else ()), run][-keep:]
+    runs = [*(existing.runs if existing else ()), run][-(keep or KEEP_RUNS) :]
     text = render(topology_id(fingerprint), fingerprint, runs)
     baseline_from_json(path, json.loads(text))
     _write_atomic(path, text)
