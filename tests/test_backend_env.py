@@ -310,3 +310,18 @@ def test_a_setting_whose_group_never_starts_is_paid_once_and_named(pytester: pyt
     assert "collectives: 6 worker group(s) started" in out, out[-3000:]
     assert "not tried again for the tests after this one" in out
     result.stdout.fnmatch_lines(["backend settings: FAIL, groups did not start with ACME_PROTO=LL128"])
+
+
+def test_a_setting_whose_tests_are_all_known_bugs_was_tested() -> None:
+    """A known bug that fired was judged (the capability matrix counts it so): a setting all of whose
+    tests are known bugs is no "untested" one, which once failed the run the same selection passed
+    without the setting. A setting whose tests were all N/A still is."""
+    def report(configuration: str, **outcome: object) -> SimpleNamespace:
+        given = {"failed": False, "passed": False, "skipped": True, "when": "call", "longrepr": None}
+        given.update(outcome)
+        return SimpleNamespace(user_properties=[("backend_env", configuration)], **given)
+
+    coverage = configurations.Coverage()
+    coverage.add(report("P=LL", wasxfail="known gloo bug: strided reduce_scatter"))
+    coverage.add(report("P=LL128", longrepr=("t.py", 1, "Skipped: N/A: acme supports no reduce_scatter")))
+    assert coverage.untested() == ["P=LL128"]

@@ -463,6 +463,23 @@ def test_the_tests_of_each_configuration_are_a_table_naming_the_setting_they_fai
     assert "backend settings" not in {c["name"] for c in read_json(write_report(tmp_path, data))["checks"]}
 
 
+def test_the_settings_check_renders_the_run_s_own_untested_verdict(tmp_path):
+    """No test passed or failed under P=LL (each a known bug that fired), yet the run judged it tested:
+    the report says what the run said, not a rule of its own; P=LL128, untested by the run, FAILs."""
+    data = cpu_data()
+    judged = {"passed": 0, "failed": 0, "skipped": 2, "unstarted": False}
+    data["tests"]["configurations"] = [{"backend_env": "P=LL", **judged, "untested": False}]
+
+    def settings_check() -> dict:
+        checks = read_json(write_report(tmp_path, data))["checks"]
+        return next(c for c in checks if c["name"] == "backend settings")
+
+    assert settings_check()["status"] == "PASS"
+    data["tests"]["configurations"].append({"backend_env": "P=LL128", **judged, "untested": True})
+    check = settings_check()
+    assert check["status"] == "FAIL" and check["reason"].startswith("Untested with P=LL128:"), check
+
+
 def test_a_configuration_none_of_whose_tests_ran_is_untested_and_fails_the_check(tmp_path):
     """A setting whose every test was N/A (its groups rejected, or each skipped) verified nothing: the
     settings check reads PASS only for configurations whose tests ran and passed."""

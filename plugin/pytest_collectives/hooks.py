@@ -153,7 +153,9 @@ def _configure(config: pytest.Config) -> None:
         launcher.gate = baseline_gate  # rank 0's: a bad baseline stops every rank
     report = None
     if report_dir is not None:
-        report = session_report.NodeReport(config, report_dir, settings.gpus, baseline_gate, matrix, soaking)
+        report = session_report.NodeReport(
+            config, report_dir, settings.gpus, baseline_gate, matrix, soaking, session.coverage
+        )
         config.pluginmanager.register(report, "collectives-node-report")
     # the session-level hooks are the run's alone, over these parts, in one order (run.py)
     config.pluginmanager.register(Run(session, matrix, baseline_gate, soaking, report), "collectives-run")

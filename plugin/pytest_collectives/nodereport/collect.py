@@ -154,12 +154,22 @@ def extension_checks(answers: list[Mapping[str, Sequence[Mapping[str, Any]]] | N
 
 class NodeReport:
     def __init__(
-        self, config: pytest.Config, directory: Path, gpus: int, gate: Any, matrix: Any, soak: Any = None
+        self,
+        config: pytest.Config,
+        directory: Path,
+        gpus: int,
+        gate: Any,
+        matrix: Any,
+        soak: Any = None,
+        coverage: Any = None,
     ) -> None:
         """``gate`` (gate.baseline_gate.BaselineGate) holds the machine and the baseline's verdicts;
         ``matrix`` (conformance.matrix.CapabilityMatrix) the conformance run's cells; ``soak``
-        (execution.modes.soak.Soak), under --soak, the passes."""
+        (execution.modes.soak.Soak), under --soak, the passes; ``coverage``
+        (execution.configurations.Coverage) which backend settings went untested or did not start, as the
+        run judged them: the report renders that, never its own rule."""
         self.config, self.gate, self.matrix, self.soak = config, gate, matrix, soak
+        self.coverage = coverage
         self.directory = directory  # nodereport.settings.read checked it
         self.counts = {"passed": 0, "failed": 0, "skipped": 0}
         self.by_configuration: dict[str, dict[str, int]] = {}  # --backend-env: the counts of each
@@ -255,7 +265,14 @@ class NodeReport:
         """Under --backend-env, the tests' counts of each configuration (``configurations``)."""
         if not self.by_configuration:
             return {}
-        return {"configurations": [{"backend_env": c, **n} for c, n in self.by_configuration.items()]}
+        untested = set(self.coverage.untested()) if self.coverage else set()
+        unstarted = set(self.coverage.unstarted) if self.coverage else set()
+        return {
+            "configurations": [
+                {"backend_env": c, **n, "untested": c in untested, "unstarted": c in unstarted}
+                for c, n in self.by_configuration.items()
+            ]
+        }
 
     def _capabilities(self) -> dict[str, Any] | None:
         """The conformance suites' capability matrix, where a conformance test probed a group."""

@@ -190,7 +190,10 @@ def _configuration_check(each: Sequence[Mapping[str, Any]]) -> Check:
         }
     }
     failing = [c["backend_env"] for c in each if c["failed"]]
-    untested = [c["backend_env"] for c in each if not c["failed"] and not c["passed"]]
+    # the run's judgement (configurations.Coverage), where the report has it; an older one's counts
+    untested = [
+        c["backend_env"] for c in each if c.get("untested", not c["failed"] and not c["passed"])
+    ]
     if not failing and untested:
         return Check(
             "backend settings",
