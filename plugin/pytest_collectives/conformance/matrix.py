@@ -331,11 +331,11 @@ class CapabilityMatrix:
             cells, withheld = ({(o, d, r): why for o, d, r, why in probe[k]} for k in ("cells", "withheld"))
             semantics = {(o, d, r, v): what for o, d, r, v, what in probe["semantics"]}
             timed, sharing, took, draw, most, whole = probe["tiers"]
-            ran, torch_ran = probe["versions"]
+            version, torch_version = probe["versions"]
             caps = Capabilities(
                 probe["backend"], probe["device_type"], probe["world_size"], cells, withheld, semantics,
                 timed=timed, ranks_a_core=sharing, large_example_s=took, draw_s=draw, large_cells=most,
-                whole_large_tier=whole, backend_version=ran, torch_version=torch_ran,
+                whole_large_tier=whole, backend_version=version, torch_version=torch_version,
             )  # fmt: skip
             held = self.probes.get((probe["configuration"], caps.world_size))
             self.add_probe(_turned_first(held, caps), probe["configuration"])
