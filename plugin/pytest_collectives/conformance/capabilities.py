@@ -186,7 +186,7 @@ def probe(pg: Any) -> Capabilities:
 
     return Capabilities(
         pg.backend, pg.device.type, n, found, semantics=semantics,
-        backend_version=backend_version(pg.backend), torch_version=torch.__version__,
+        backend_version=backend_version(pg.backend), torch_version=str(torch.__version__),
     )  # fmt: skip
 
 

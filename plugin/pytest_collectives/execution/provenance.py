@@ -24,7 +24,7 @@ def provenance(config: pytest.Config) -> dict[str, Any]:
     seed = getattr(config.known_args_namespace, "hypothesis_seed", None)
     return {
         "plugin": plugin,
-        "torch": getattr(torch, "__version__", "not imported"),
+        "torch": str(getattr(torch, "__version__", "not imported")),
         "python": platform.python_version(),
         "command": shlex.join(["pytest", *map(str, config.invocation_params.args)]),
         "directory": str(config.invocation_params.dir),
