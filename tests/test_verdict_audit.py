@@ -21,6 +21,7 @@ pytestmark = [
 
 ALL_REDUCE = ["test_all_reduce.py", "-k", "exact_reference and -all_reduce]"]
 SWEEP = ["--backend-env", "ACME_PROTO=LL,LL128"]
+SWEPT_AT_BOTH = [*ALL_REDUCE, *SWEEP, "--world-sizes", "2,3"]
 P2P = ["test_p2p.py", "-k", "send_bandwidth and send_recv-unidir", "--max-bytes", "4K", "--world-sizes", "2"]
 # every kind of timed transfer: P2P, all-pairs, overlap and a collective, each call's receive checked
 TIMED = [
@@ -57,6 +58,10 @@ ROWS = [
      "*illegal memory access*"),
     ("... one's refusal, another's fault, at 2 ranks", "mutant_refuses_on_one_rank_faults_on_another",
      [*ALL_REDUCE, *SWEEP, "--world-sizes", "2"], {}, 1, "*illegal memory access*"),
+    ("a setting refused at 2 ranks alone is N/A there, and tested", "mutant_rejects_ll128_at_one_size",
+     SWEPT_AT_BOTH, {"ACME_REFUSED_AT": "2"}, 0, "*= 3 passed, 1 skipped, *"),
+    ("... refused at 3 ranks alone", "mutant_rejects_ll128_at_one_size",
+     SWEPT_AT_BOTH, {"ACME_REFUSED_AT": "3"}, 0, "*= 3 passed, 1 skipped, *"),
     ("a setting whose tests are all known bugs was tested", "refgloo",
      ["test_all_reduce.py", "-k", "nan_and_inf_in_min_max", *SWEEP], {}, 0, "*, 2 xfailed in *"),
     ("... all known bugs, at 2 ranks", "refgloo",

@@ -617,6 +617,22 @@ class RejectsOneProtocol(ReferenceBackend):
         super().__init__(*args)
 
 
+class RejectsOneProtocolAtOneSize(ReferenceBackend):
+    """Every rank turns ACME_PROTO=LL128 down, in its module's declared words, as a world of
+    ACME_REFUSED_AT ranks starts (a protocol a backend has no kernels for at that size; its subgroups,
+    made once it started, are not refused), and takes it at any other size: N/A there alone, and the
+    setting was tested."""
+
+    name = "mutant_rejects_ll128_at_one_size"
+    refusals = (r"ACME_PROTO=\w+ is not supported at \d+ ranks",)
+
+    def __init__(self, store: dist.Store, rank: int, size: int, *args: Any) -> None:
+        refused_at = os.environ.get("ACME_REFUSED_AT")
+        if not dist.is_initialized() and os.environ.get("ACME_PROTO") == "LL128" and str(size) == refused_at:
+            raise RuntimeError(f"ACME_PROTO=LL128 is not supported at {size} ranks")
+        super().__init__(store, rank, size, *args)
+
+
 class RefusesOnOneRankFaultsOnAnother(ReferenceBackend):
     """With ACME_PROTO=LL128, rank 0 turns the setting down in its module's declared words as the group
     starts while the last rank faults (a CUDA error): the fault is what the setting did, and the rank that
@@ -964,6 +980,7 @@ MUTANTS = [
     RejectsOneProtocol,
     HangsAtStartUnderLl128,
     RefusesOnOneRankFaultsOnAnother,
+    RejectsOneProtocolAtOneSize,
     FaultsAtFirstStart,
     WrongAfterWear,
     WrongOnceInThousands,

@@ -214,9 +214,12 @@ class CapabilityMatrix:
                 "world_sizes": [_tier_row(n, caps) for n, caps in decided.items()],
             }
         if self.configurations() != [""]:  # --backend-env: each configuration's cells, and what differs
-            each = {c: self.rows(c) for c in self.configurations() if c not in self.rejected}
+            # rejected at every world size it met; one probed somewhere has its cells there
+            probed = {where for where, _ in self.probes}
+            rejected = {c: words for c, words in self.rejected.items() if c not in probed}
+            each = {c: self.rows(c) for c in self.configurations() if c not in rejected}
             doc["configurations"] = [
-                {"backend_env": c, "rejected": self.rejected[c]} if c in self.rejected
+                {"backend_env": c, "rejected": rejected[c]} if c in rejected
                 else {"backend_env": c, "cells": each[c]}
                 for c in self.configurations()
             ]  # fmt: skip

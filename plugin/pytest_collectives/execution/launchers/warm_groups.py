@@ -380,7 +380,9 @@ class GroupPool:
         self.ctx = forkserver_context(start_method)
         self.root = tempfile.mkdtemp(prefix="collectives-", dir=root)
         self.groups: dict[tuple[int, str, tuple[int, ...], Env], WorkerGroup] = {}
-        self.rejected: dict[Env, Rejected] = {}  # configurations the backend would not start a group in
+        # (world size, configuration) the backend would not start a group in: a setting a backend turns
+        # down at one world size may run at another
+        self.rejected: dict[tuple[int, Env], Rejected] = {}
         # (world size, configuration) whose group failed to start twice, hung or faulting: how it failed
         self.unstarted: dict[tuple[int, Env], GroupOutcome] = {}
         self.started = 0
@@ -411,8 +413,8 @@ class GroupPool:
         DistributedTestFailure if one can't be started, or Rejected where its ranks raised in a
         configuration (then at once for every later group in it). The ranks of a warm group that died
         since its last test are added to ``lost``."""
-        if env in self.rejected:
-            raise self.rejected[env]
+        if (world_size, env) in self.rejected:
+            raise self.rejected[world_size, env]
         if (world_size, env) in self.unstarted:  # paid once: its start is not tried again at each test
             raise DistributedTestFailure.of(self.unstarted[world_size, env])
         key = (world_size, self.backend, tuple(range(world_size)) if self.gpus else (), env)
@@ -435,8 +437,8 @@ class GroupPool:
                 lines is not None and all(refused_in(line, self.backend) is not None for line in lines)
                 for lines in said
             ):
-                self.rejected[env] = Rejected(Configuration(env), self.backend, said[-1][-1])
-                raise self.rejected[env]
+                self.rejected[world_size, env] = Rejected(Configuration(env), self.backend, said[-1][-1])
+                raise self.rejected[world_size, env]
             failures[-1].replaced.append(
                 f"the group failed to start {len(failures)} of {len(failures)} times{where}"
             )
