@@ -17,6 +17,13 @@ from helpers import SUITES, SUPPORT, run_on_backend, torch_below
 
 from pytest_collectives import FailingCall, layout_script, rank_input
 from pytest_collectives.conformance.known_bugs import load
+from pytest_collectives.conformance.standalone import (
+    GROUP_CALL_LINES,
+    REDUCING,
+    SEND_AND_RECEIVE,
+    group_call_script,
+    point_to_point_script,
+)
 
 GLOO_LAYOUT_BUGS = [
     bug for bug in load(SUITES / "known_bugs.json")
@@ -103,6 +110,13 @@ def test_every_known_bug_says_where_it_stands_upstream() -> None:
             assert script and (manifest.parent / script.group()).is_file(), (entry["test"], upstream)
 
 
+def _exits_0(script: Path, text: str | None) -> None:
+    """``text`` (a script written for a call gloo gets right) run alone: it exits 0, saying so."""
+    script.write_text(text or "")
+    run = _run_alone(script)
+    assert run.returncode == 0 and "every result as expected" in run.stdout, (script.name, run.stdout)
+
+
 def test_a_reproduction_of_a_call_gloo_gets_right_exits_0(tmp_path: Path) -> None:
     """No false alarm: the same writer, on calls gloo gets right (a float16 all_reduce and a bfloat16 reduce
     of channels_last tensors at 3 ranks, where any order of the sum rounds), exits 0."""
@@ -111,33 +125,90 @@ def test_a_reproduction_of_a_call_gloo_gets_right_exits_0(tmp_path: Path) -> Non
             "gloo", 3, name, "channels_last", "channels_last", dtype, (2, 3, 2, 5),
             given=lambda r, p, d=dtype: rank_input(11, r * 16 + p, (2, 3, 2, 5), d),
         )  # fmt: skip
-        script = tmp_path / f"{name}.py"
-        script.write_text(layout_script(call, "(none: a healthy call)", "this test"))
-        run = _run_alone(script)
-        assert run.returncode == 0 and "every result as expected" in run.stdout, run.stdout + run.stderr
+        _exits_0(tmp_path / f"{name}.py", layout_script(call, "(none: a healthy call)", "this test"))
 
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
-def test_the_backend_s_own_all_reduce_failing_writes_a_reproduction(pytester: pytest.Pytester) -> None:
-    """The backend's own all_reduce with its last element wrong (every dtype and reduce op): the scripts
-    written from the every-cell sweep's failures (a float32 sum at 2 ranks, within its rounding slack, and
-    a max at 3) exit 1 on the mutant and 0 with their backend named refgloo; --capability-json names
-    them on the FAIL cells."""
-    mutant = "mutant_last_element_wrong_in_every_dtype"
+@pytest.mark.parametrize(
+    ("mutant", "select", "scripts"),
+    [
+        # its last element wrong in every dtype and reduce op: a float32 sum at 2 ranks, within its
+        # rounding slack, and a max at 3
+        ("mutant_last_element_wrong_in_every_dtype", "all_reduce]",
+         ("all_reduce-sum-float32", "all_reduce-max")),
+        # broadcast from a non-zero root sends rank 0's tensor, in every dtype
+        ("mutant_broadcast_ignores_root", "broadcast]", ("broadcast", "broadcast")),
+    ],
+)
+def test_the_backend_s_own_call_failing_writes_a_reproduction(
+    pytester: pytest.Pytester, mutant: str, select: str, scripts: tuple[str, str]
+) -> None:
+    """The backend's own call failing in the every-cell sweep: the scripts written from its failures, one
+    at 2 ranks and one at 3, exit 1 on the mutant and 0 with their backend named refgloo; --capability-json
+    names them on the FAIL cells."""
+    call = scripts[0].split("-")[0]
     run_on_backend(
-        pytester, mutant, "-k", "all_reduce]", "--reproductions", "repro", "--capability-json", "cells.json",
+        pytester, mutant, "-k", select, "--reproductions", "repro", "--capability-json", "cells.json",
         files=("test_every_cell.py",), world_sizes="2,3",
-    ).stdout.fnmatch_lines([f"*standalone reproduction: {pytester.path / 'repro'}/{mutant}-all_reduce-*.py"])
+    ).stdout.fnmatch_lines([f"*standalone reproduction: {pytester.path / 'repro'}/{mutant}-{call}-*.py"])
     # the FAIL cells of the matrix name the scripts written from their failures
     cells = json.loads((pytester.path / "cells.json").read_text())["cells"]
     named = [path for cell in cells if cell["status"] == "FAIL" for path in cell.get("reproductions", [])]
-    assert named and all(Path(path).name.startswith(f"{mutant}-all_reduce-") for path in named), cells
-    for n, op, dtype in ((2, "sum", "float32"), (3, "max", "*")):  # each script runs 3 or 4 processes
-        script = sorted((pytester.path / "repro").glob(f"{mutant}-all_reduce-{op}-{dtype}-*-ws{n}.py"))[0]
+    assert named and all(Path(path).name.startswith(f"{mutant}-{call}-") for path in named), cells
+    for n, label in zip((2, 3), scripts, strict=True):  # each script runs 3 or 4 processes
+        script = sorted((pytester.path / "repro").glob(f"{mutant}-{label}-*-ws{n}.py"))[0]
         text = script.read_text()
         on_mutant = _run_alone(script, str(SUPPORT))
         assert on_mutant.returncode == 1 and "elements WRONG" in on_mutant.stdout, script.name
+        script.write_text(text.replace(repr(mutant), repr("refgloo")))
+        on_reference = _run_alone(script, str(SUPPORT))
+        assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+
+
+def test_a_reproduction_of_each_backend_call_gloo_gets_right_exits_0(tmp_path: Path) -> None:
+    """No false alarm from the scripts of the backend's own calls: each, on a subgroup of ranks 0 and 2 of
+    3 rooted at its group rank 1, in float32 where any order of a sum rounds, exits 0 on gloo."""
+    for name in GROUP_CALL_LINES:
+        layout = "offset" if name == "broadcast" else "contiguous"
+        call = FailingCall(
+            "gloo", 3, name, layout, layout, torch.float32, (6,),
+            given=lambda r, p: rank_input(5, r * 16 + p, (6,), torch.float32), members=(0, 2), root=1,
+        )  # fmt: skip
+        op = "sum" if name in REDUCING else ""
+        _exits_0(tmp_path / f"{name}.py", group_call_script(call, op, "(none)", "this test"))
+
+
+def test_a_reproduction_of_a_message_gloo_gets_right_exits_0(tmp_path: Path) -> None:
+    """No false alarm from the point-to-point scripts: rank 2 of 3 sending a view at a storage offset to
+    rank 0, by each of torch's three ways, exits 0 on gloo."""
+    for mode in SEND_AND_RECEIVE:
+        call = FailingCall(
+            "gloo", 3, "send_recv", "offset", "offset", torch.int64, (5,),
+            given=lambda r, p: rank_input(7, r, (5,), torch.int64),
+        )  # fmt: skip
+        _exits_0(tmp_path / f"{mode}.py", point_to_point_script(call, mode, 2, 0, "(none)", "this test"))
+
+
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+def test_a_message_received_wrong_writes_a_reproduction(pytester: pytest.Pytester) -> None:
+    """recv into a view at a storage offset lands at the storage's start: the scripts written from the
+    point-to-point test's failures (shrunk to a blocking send and recv, at 2 ranks and at 3) exit 1 on the
+    mutant, naming the receiver's buffer around the view, and 0 with their backend named refgloo; the
+    folder holds the shrunk examples' scripts alone."""
+    mutant = "mutant_received_at_the_storage_start"
+    run_on_backend(
+        pytester, mutant, "-k", "test_receiver_sees_exactly_what_was_sent and not large", "--reproductions",
+        "repro", files=("test_point_to_point.py",), world_sizes="2,3",
+    ).stdout.fnmatch_lines([f"*standalone reproduction: {pytester.path / 'repro'}/{mutant}-*-offset-*.py"])
+    scripts = sorted((pytester.path / "repro").iterdir())
+    assert [script.name.split("-")[-1] for script in scripts] == ["ws2.py", "ws3.py"], scripts
+    for script in scripts:
+        text = script.read_text()
+        assert "dist.recv(inbox, src)" in text, text
+        on_mutant = _run_alone(script, str(SUPPORT))
+        assert on_mutant.returncode == 1, (script.name, on_mutant.stdout + on_mutant.stderr)
+        assert "its buffer around it: 1 of 2 elements WRONG" in on_mutant.stdout, on_mutant.stdout
         script.write_text(text.replace(repr(mutant), repr("refgloo")))
         on_reference = _run_alone(script, str(SUPPORT))
         assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)

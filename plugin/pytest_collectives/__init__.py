@@ -29,7 +29,10 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     },
     "world_sizes_of": ("execution.collection", "world_sizes_of"),
     "write_reproduction": ("execution.reproductions", "write_reproduction"),
-    **{n: ("conformance.standalone", n) for n in ("FailingCall", "backend_modules", "layout_script")},
+    **{
+        n: ("conformance.standalone", n)
+        for n in ("FailingCall", "backend_modules", "layout_script", "point_to_point_script")
+    },
     "share": ("execution.ipc", "share"),
     # algorithms under test, and the exact references they are held to
     "algorithm": ("algorithms.registry", "algorithm"),

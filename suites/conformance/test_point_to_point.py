@@ -14,14 +14,18 @@ from hypothesis import strategies as st
 
 from pytest_collectives import (
     LARGE_SIZES,
+    FailingCall,
     assert_moved,
     assert_unchanged,
+    backend_modules,
     examples,
     group_of,
     laid_out,
     large,
     movements,
+    point_to_point_script,
     sentinel,
+    write_reproduction,
 )
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
@@ -55,11 +59,20 @@ def test_receiver_sees_exactly_what_was_sent_in_a_large_message(pg, case, mode, 
 def check_sent_and_received(pg, case, mode: str, pair: tuple[int, int]) -> None:
     """Sent from and received into the drawn layout: a whole tensor, or a view at a storage offset (a slice
     of a flat buffer, as the registered algorithms pass), so a backend's receive that ignores the offset
-    fails here, in its own row, before it fails the algorithms built on it."""
-    n, dtype, size = pg.world_size, case.dtype, case.size
+    fails here, in its own row, before it fails the algorithms built on it. A failure names a standalone
+    reproduction of the message."""
+    n = pg.world_size
     src = pair[0] % n
     dst = (src + pair[1] % (n - 1) + 1) % n if n > 1 else src  # any rank but src
-    sent = case.input(pg.seed, src, size, n)
+    try:
+        _send_and_receive(pg, case, mode, src, dst)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_reproduction(pg, case, mode, src, dst, exc)}") from None
+
+
+def _send_and_receive(pg, case, mode: str, src: int, dst: int) -> None:
+    dtype, size = case.dtype, case.size
+    sent = case.input(pg.seed, src, size, pg.world_size)
     if pg.rank == src:
         payload = laid_out(sent, case.layout, pg.device)
         if mode == "send_recv":
@@ -80,6 +93,20 @@ def check_sent_and_received(pg, case, mode: str, pair: tuple[int, int]) -> None:
             for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, inbox, src)]):
                 work.wait()
         assert_moved(inbox, sent, f"rank {dst} receiving {mode} from rank {src}")
+
+
+def _reproduction(pg, case, mode: str, src: int, dst: int, failure: AssertionError) -> str:
+    """The message written as a file that needs only torch and the backend: the line naming it."""
+    n, dtype = pg.world_size, str(case.dtype).removeprefix("torch.")
+    call = FailingCall(
+        pg.backend, n, "send_recv", case.layout, case.layout, case.dtype, (case.size,),
+        given=lambda r, _: case.input(pg.seed, r, case.size, n), device=pg.device.type,
+        modules=backend_modules(pg.backend),
+    )  # fmt: skip
+    where = f"test_point_to_point.py, {mode} of {case.size} {dtype} elements from rank {src} to rank {dst}"
+    text = point_to_point_script(call, mode, src, dst, str(failure).splitlines()[0], where)
+    name = f"{pg.backend}-{mode}-{case.layout}-{dtype}-{case.size}-from{src}to{dst}-ws{n}"
+    return write_reproduction(pg, name, text)
 
 
 @pytest.mark.world_size()

@@ -8,6 +8,7 @@ rank's result against the exact reference, raising AssertionError with what diff
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,7 +30,12 @@ from pytest_collectives.conformance.cases import (
     laid_out,
     sentinel,
 )
-from pytest_collectives.conformance.standalone import FailingCall, all_reduce_script, backend_modules
+from pytest_collectives.conformance.standalone import (
+    REDUCING,
+    FailingCall,
+    backend_modules,
+    group_call_script,
+)
 from pytest_collectives.execution.reproductions import WORDS, write_reproduction
 
 
@@ -69,38 +75,77 @@ def everyone(pg: Any, case: Case, ranks: list[int], mine: torch.Tensor) -> list[
     return [mine if r == pg.rank else case.input(pg.seed, r, case.size, len(ranks)) for r in ranks]
 
 
+# The registered implementations that are the backend's own call, by name: torch's call each makes, which
+# a failure's standalone reproduction makes again (the others are algorithms: their code is this project's).
+BACKEND_OWN = {
+    "all_reduce": "all_reduce",
+    "reduce": "reduce",
+    "broadcast": "broadcast",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "all_to_all_single": "all_to_all_single",
+}
+
+
+def _reproducible(check: Callable[..., None]) -> Callable[..., None]:
+    """``check(pg, implementation, case, *form)``, whose failure on the backend's own call names a
+    standalone reproduction of it. The forms a script is written for are the plain ones (every argument
+    after ``case`` false: out of place, flat, even splits); another form's failure says none was written."""
+
+    @functools.wraps(check)
+    def checked(pg: Any, implementation: Callable[..., Any], case: Case, *form: Any, **named: Any) -> None:
+        try:
+            check(pg, implementation, case, *form, **named)
+        except AssertionError as exc:
+            call = BACKEND_OWN.get(name_of(implementation))
+            if call is None:
+                raise
+            if any(form) or any(named.values()):
+                said = f"{WORDS}none written (only the plain form of {call} is written as a script)"
+            else:
+                said = _reproduction(pg, call, case, str(exc))
+            raise AssertionError(f"{exc}\n{said}") from None
+
+    return checked
+
+
+@_reproducible
 def all_reduce_matches_reference(pg: Any, all_reduce: Callable[..., torch.Tensor], case: Case) -> None:
-    """In place, every element the reduction of the members' inputs: exact, or within the stated bound.
-    Where the backend's own all_reduce fails, the failure names a standalone reproduction of it."""
+    """In place, every element the reduction of the members' inputs: exact, or within the stated bound."""
     out = run_all_reduce(pg, all_reduce, case)
-    if out is None:
-        return
-    try:
+    if out is not None:
         assert_reduced_close(*out, case.op, case.values)
-    except AssertionError as exc:
-        if getattr(all_reduce, "uses", None) != ("all_reduce",):
-            raise  # an algorithm made of other calls: its code is this project's
-        raise AssertionError(f"{exc}\n{_all_reduce_reproduction(pg, case, str(exc))}") from None
 
 
-def _all_reduce_reproduction(pg: Any, case: Case, failure: str) -> str:
+def _reproduction(pg: Any, name: str, case: Case, failure: str) -> str:
+    """The backend's own ``name`` call of ``case`` written as a file that needs only torch and the backend:
+    the line naming it."""
     _, ranks = group_of(pg, case.members)
-    n = len(ranks)
+    n, size = len(ranks), case.size
+    if name in ("reduce_scatter_tensor", "all_to_all_single"):  # inputs per (rank, group rank)
+        shape = (size // n if name == "all_to_all_single" else size,)
+        given = lambda r, p: case.part(pg.seed, r, p, shape[0], n)  # noqa: E731
+    else:
+        shape, given = (size,), lambda r, _: case.input(pg.seed, r, size, n)  # noqa: E731
+    # the layout the backend saw: all_reduce_direct reduces a dense copy; reduce_scatter's and all_gather's
+    # checks hand dense tensors; all_to_all's output is dense
+    inputs = case.layout if name in ("reduce", "broadcast", "all_to_all_single") else "contiguous"
+    outputs = inputs if name in ("reduce", "broadcast") else "contiguous"
     call = FailingCall(
-        pg.backend, pg.world_size, "all_reduce", "contiguous", "contiguous", case.dtype, (case.size,),
-        given=lambda r, _: case.input(pg.seed, r, case.size, n), device=pg.device.type,
-        modules=backend_modules(pg.backend),
+        pg.backend, pg.world_size, name, inputs, outputs, case.dtype, shape, given=given,
+        device=pg.device.type, modules=backend_modules(pg.backend), members=tuple(ranks), root=case.root % n,
     )  # fmt: skip
+    op = case.op if name in REDUCING else ""
     dtype = str(case.dtype).removeprefix("torch.")
-    where = f"the all_reduce {case.op} of {case.size} {dtype} elements on ranks {ranks} of {pg.world_size}"
-    text = all_reduce_script(call, case.op, ranks, failure.splitlines()[0], where)
-    if text is None:
-        return f"{WORDS}none written ({pg.world_size} x {case.size} elements: more than are written inline)"
+    what = " ".join(filter(None, (name, op, inputs if inputs != "contiguous" else "")))
+    where = f"the {what} of {size} {dtype} elements on ranks {ranks} of {pg.world_size}"
+    text = group_call_script(call, op, failure.splitlines()[0], where)
     members = "_".join(map(str, ranks))
-    name = f"{pg.backend}-all_reduce-{case.op}-{dtype}-{case.size}-ranks{members}-ws{pg.world_size}"
-    return write_reproduction(pg, name, text)
+    label = "-".join(filter(None, (pg.backend, name, op, inputs if inputs != "contiguous" else "", dtype)))
+    return write_reproduction(pg, f"{label}-{size}-ranks{members}-ws{pg.world_size}", text)
 
 
+@_reproducible
 def reduce_scatter_matches_reference(
     pg: Any, reduce_scatter: Callable[..., torch.Tensor], case: Case, in_place: bool
 ) -> None:
@@ -145,6 +190,7 @@ def gemm_reduce_scatter_matches_reference(
     assert_unchanged(mine_b, b[me], f"{name_of(gemm_reduce_scatter)}'s B on rank {me}")
 
 
+@_reproducible
 def all_gather_matches_reference(
     pg: Any, all_gather: Callable[..., torch.Tensor], case: Case, in_place: bool, stacked: bool = False
 ) -> None:
@@ -170,6 +216,7 @@ def all_gather_matches_reference(
         assert_unchanged(mine, drawn, f"{name_of(all_gather)}'s input on group rank {me}")
 
 
+@_reproducible
 def all_to_all_matches_reference(
     pg: Any, all_to_all: Callable[..., torch.Tensor], case: Case, splits: list[list[int]] | None
 ) -> None:
@@ -218,6 +265,7 @@ def check_splits(output_splits: Sequence[int], input_splits: Sequence[int], grou
                 )
 
 
+@_reproducible
 def broadcast_matches_reference(pg: Any, broadcast: Callable[..., torch.Tensor], case: Case) -> None:
     """``broadcast(tensor, root, group=)``: every member ends with group rank ``case.root % n``'s tensor,
     in place; the others start as a sentinel, so an element never received is counted as such."""
@@ -235,6 +283,7 @@ def broadcast_matches_reference(pg: Any, broadcast: Callable[..., torch.Tensor],
     assert_moved(tensor, sent, f"{name_of(broadcast)} from group rank {root} seen on group rank {me}")
 
 
+@_reproducible
 def reduce_matches_reference(pg: Any, reduce: Callable[..., torch.Tensor], case: Case) -> None:
     """``reduce(tensor, root, op, group=)``: group rank ``case.root % n`` holds the reduction of the
     members' inputs; other ranks' buffers are unspecified (torch documents only the root's), but no rank's

@@ -76,6 +76,8 @@ CALL_LINES = {
     sending.wait()
     return [(f"recv from rank {source}", output, exactly(given(source)))]""",
 }
+INLINE_LIMIT = 8192  # the most input elements, over every rank, a reproduction writes inline
+
 
 @dataclasses.dataclass(frozen=True)
 class FailingCall:
@@ -93,10 +95,8 @@ class FailingCall:
     given: Callable[[int, int], torch.Tensor]
     device: str = "cpu"
     modules: tuple[str, ...] = ()  # the backend's own modules, imported before the group starts
-
-    @property
-    def root(self) -> int:
-        return self.world_size - 1  # the test's root: the last rank, so that a root-0 assumption shows
+    members: tuple[int, ...] = ()  # the group's global ranks, where the call ran on a subgroup
+    root: int = -1  # the call's root, where it has one: a rank of its group (the layout test's: the last)
 
 
 def backend_modules(backend: str) -> tuple[str, ...]:
@@ -109,17 +109,26 @@ def backend_modules(backend: str) -> tuple[str, ...]:
     return (module,) if module and module != "__main__" else ()
 
 
-def layout_script(call: FailingCall, found: str, written_from: str) -> str:
+def layout_script(call: FailingCall, found: str, written_from: str) -> str | None:
     """The standalone reproduction of ``call``: ``found`` is the failure's first line, ``written_from`` the
     test (and seed) it came from."""
     title = f"{call.backend}: {call.name} of {_layouts(call)}, {call.world_size} ranks, {call.dtype}"
     return _script(call, title, CALL_LINES[call.name], found, written_from)
 
 
-def _script(call: FailingCall, title: str, lines: str, found: str, written_from: str) -> str:
-    """The file: ``call``'s inputs, layouts and backend, and ``lines``, the body of its ``call(me)``."""
-    peers = range(call.world_size) if _takes_peers(call.name) else range(1)
-    inputs = [[_literal(call.given(r, p)) for p in peers] for r in range(call.world_size)]
+def _script(
+    call: FailingCall, title: str, lines: str, found: str, written_from: str, op: str = ""
+) -> str | None:
+    """The file: ``call``'s inputs, layouts and backend, and ``lines``, the body of its ``call(me)`` under
+    reduce op ``op``; None where the inputs are too many to write inline (a failure at 97 elements gives a
+    file read in a minute)."""
+    members = call.members or tuple(range(call.world_size))
+    peers = range(len(members)) if _takes_peers(call.name) else range(1)
+    if len(members) * len(peers) * math.prod(call.shape) > INLINE_LIMIT:
+        return None
+    inputs = [
+        [_literal(call.given(r, p)) for p in peers] if r in members else None for r in range(call.world_size)
+    ]
     kind = _kind(call.dtype)
     imports = "".join(f"import {module}  # registers {call.backend}\n" for module in call.modules)
     return _TEMPLATE.format(
@@ -142,13 +151,25 @@ def _script(call: FailingCall, title: str, lines: str, found: str, written_from:
         outputs_layout=call.outputs_layout,
         call=lines,
         premul_factor=PREMUL_FACTOR,
+        root=call.root % len(members),
+        op_code=_op_code(op),
     )
 
 
-def _written_out(inputs: list[list[list[object]]]) -> str:
+def _op_code(op: str) -> str:
+    """Reduce op ``op`` as the script names it ("" where the call takes none: SUM, torch's default)."""
+    if op == "premul_sum":
+        return "dist._make_nccl_premul_sum(PREMUL_FACTOR)"
+    return f"dist.ReduceOp.{(op or 'sum').upper()}"
+
+
+def _written_out(inputs: list[list[list[object]] | None]) -> str:
     """INPUTS as a person reads it: a rank a block, each part's values wrapped within 100 columns."""
     lines = ["["]
     for r, parts in enumerate(inputs):
+        if parts is None:
+            lines.append(f"    None,  # rank {r}")
+            continue
         lines.append(f"    [  # rank {r}")
         for part in parts:
             values = textwrap.wrap(", ".join(map(repr, part)), 100 - 12, break_long_words=False)
@@ -158,9 +179,10 @@ def _written_out(inputs: list[list[list[object]]]) -> str:
 
 
 def _layouts(call: FailingCall) -> str:
+    article = "an" if call.inputs_layout[0] in "aeiou" else "a"
     if call.inputs_layout == call.outputs_layout:
-        return f"a {call.inputs_layout} tensor"
-    return f"a {call.inputs_layout} input into a {call.outputs_layout} output"
+        return f"{article} {call.inputs_layout} tensor"
+    return f"{article} {call.inputs_layout} input into a {call.outputs_layout} output"
 
 
 def _takes_peers(name: str) -> bool:
@@ -176,33 +198,103 @@ def _kind(dtype: torch.dtype) -> str:
     return "float" if dtype.is_floating_point else "int"
 
 
-# What the backend's own all_reduce (the conformance suites' ``all_reduce`` algorithm) was handed: a dense
-# tensor, on the drawn subgroup, under the drawn reduce op.
-ALL_REDUCE_LINES = """
+# What the backend's own calls (the algorithms registered by the backend call's name) are handed by the
+# conformance checks: the drawn reduce op, root and subgroup; ``given(r, p)`` what global rank r sends
+# group rank p. Each returns what to check on this rank, as CALL_LINES do.
+GROUP_CALL_LINES = {
+    "all_reduce": """
+    tensor = laid(given(me))
+    dist.all_reduce(tensor, op=OP, group=group)
+    wanted = reduced({op!r}, [given(r) for r in members])
+    return [("all_reduce {op} in the group of ranks {members}", tensor, wanted)]""",
+    "reduce": """
+    tensor = laid(given(me))
+    dist.reduce(tensor, dst=members[ROOT], op=OP, group=group)
+    if at != ROOT:
+        return []  # torch documents the root's result alone
+    wanted = reduced({op!r}, [given(r) for r in members])
+    return [(f"reduce {op} to group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
+    "broadcast": """
+    tensor = laid(given(me)) if at == ROOT else unwritten(SHAPE)
+    dist.broadcast(tensor, src=members[ROOT], group=group)
+    wanted = exactly(given(members[ROOT]))
+    return [(f"broadcast from group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
+    "reduce_scatter_tensor": """
+    output = unwritten(SHAPE)
+    source = laid(torch.cat([given(me, p) for p in range(len(members))]))
+    dist.reduce_scatter_tensor(output, source, op=OP, group=group)
+    wanted = reduced({op!r}, [given(r, at) for r in members])
+    kept = torch.cat([given(me, p) for p in range(len(members))])
+    return [("reduce_scatter_tensor {op} in the group of ranks {members}", output, wanted),
+            ("its input, after the call", source, exactly(kept))]""",
+    "all_gather_into_tensor": """
+    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
+    mine = laid(given(me))
+    dist.all_gather_into_tensor(output, mine, group=group)
+    return [("all_gather_into_tensor in the group of ranks {members}", output,
+             exactly(torch.cat([given(r) for r in members]))),
+            ("its input, after the call", mine, exactly(given(me)))]""",
+    "all_to_all_single": """
+    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
+    source = laid(torch.cat([given(me, p) for p in range(len(members))]))
+    dist.all_to_all_single(output, source, group=group)
+    kept = torch.cat([given(me, p) for p in range(len(members))])
+    return [("all_to_all_single in the group of ranks {members}", output,
+             exactly(torch.cat([given(r, at) for r in members]))),
+            ("its input, after the call", source, exactly(kept))]""",
+}
+REDUCING = ("all_reduce", "reduce", "reduce_scatter_tensor")  # the calls of these that take a reduce op
+GROUP_LINES = """
     members = {members!r}  # the drawn group's global ranks: every rank creates it, its members call
     group = dist.new_group(members)
     if me not in members:
         return []
-    tensor = laid(given(me))
-    dist.all_reduce(tensor, op={op_code}, group=group)
-    parts = [given(r) for r in members]
-    return [("all_reduce {op} in the group of ranks {members}", tensor, reduced({op!r}, parts))]"""
-INLINE_LIMIT = 8192  # the most input elements, over every rank, a reproduction writes inline
+    at = members.index(me)  # this rank's rank in the group{body}"""
 
 
-def all_reduce_script(
-    call: FailingCall, op: str, members: list[int], found: str, written_from: str
+def group_call_script(call: FailingCall, op: str, found: str, written_from: str) -> str | None:
+    """The standalone reproduction of the backend's own ``call.name`` (one of GROUP_CALL_LINES') as the
+    conformance checks make it, on the group of ``call.members`` under reduce op ``op`` ("" where the call
+    takes none), rooted at group rank ``call.root`` where it has a root."""
+    members = list(call.members or range(call.world_size))
+    body = GROUP_CALL_LINES[call.name].format(members=members, op=op)
+    title = f"{call.backend}: {call.name} {op} on ranks {members} of {call.world_size}".replace("  ", " ")
+    lines = GROUP_LINES.format(members=members, body=body)
+    return _script(call, f"{title}, {call.dtype}", lines, found, written_from, op)
+
+
+# A message the failing example sent from rank SRC to rank DST, by one of the three ways torch offers;
+# the other ranks only join the group.
+POINT_TO_POINT_LINES = """
+    src, dst = {src}, {dst}
+    if me == src:
+        payload = laid(given(src))
+        {send}
+        return [(f"rank {{src}}'s tensor, after it was sent", payload, exactly(given(src)))]
+    if me == dst:
+        inbox = unwritten(SHAPE)
+        {receive}
+        return [(f"{mode} from rank {{src}}", inbox, exactly(given(src)))]
+    return []"""
+SEND_AND_RECEIVE = {
+    "send_recv": ("dist.send(payload, dst)", "dist.recv(inbox, src)"),
+    "isend_irecv": ("dist.isend(payload, dst).wait()", "dist.irecv(inbox, src).wait()"),
+    "batch_isend_irecv": (
+        "[work] = dist.batch_isend_irecv([dist.P2POp(dist.isend, payload, dst)])\n        work.wait()",
+        "[work] = dist.batch_isend_irecv([dist.P2POp(dist.irecv, inbox, src)])\n        work.wait()",
+    ),
+}
+
+
+def point_to_point_script(
+    call: FailingCall, mode: str, src: int, dst: int, found: str, written_from: str
 ) -> str | None:
-    """The standalone reproduction of the backend's own all_reduce of ``call``'s one-dimensional inputs
-    (``given(r, 0)``) on the group of global ranks ``members`` under reduce op ``op``; None where the
-    inputs are too many to write inline (a failure at 97 elements gives a file read in a minute)."""
-    if call.world_size * math.prod(call.shape) > INLINE_LIMIT:
-        return None
-    premul = "dist._make_nccl_premul_sum(PREMUL_FACTOR)"
-    code = premul if op == "premul_sum" else f"dist.ReduceOp.{op.upper()}"
-    lines = ALL_REDUCE_LINES.format(members=members, op=op, op_code=code)
-    title = f"{call.backend}: all_reduce {op} on ranks {members} of {call.world_size}, {call.dtype}"
-    return _script(call, title, lines, found, written_from)
+    """The standalone reproduction of rank ``src`` sending its ``given(src, 0)`` to rank ``dst`` by
+    ``mode`` (send_recv, isend_irecv or batch_isend_irecv), both tensors in ``call.inputs_layout``."""
+    send, receive = SEND_AND_RECEIVE[mode]
+    lines = POINT_TO_POINT_LINES.format(src=src, dst=dst, mode=mode, send=send, receive=receive)
+    title = f"{call.backend}: {mode} of {_layouts(call)} from rank {src} to rank {dst} of {call.world_size}"
+    return _script(call, f"{title}, {call.dtype}", lines, found, written_from)
 
 
 # how each kind's values are written inline, what an unwritten output holds (rank inputs never hold it),
@@ -257,16 +349,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 {imports}
 BACKEND, WORLD_SIZE, DEVICE = {backend!r}, {world_size}, {device!r}
-ROOT = WORLD_SIZE - 1  # the call's root, where it has one
+ROOT = {root}  # the call's root, where it has one: a rank of its group
 DTYPE, SHAPE = {dtype}, {shape}
 INPUTS_LAYOUT, OUTPUTS_LAYOUT = {inputs_layout!r}, {outputs_layout!r}
 FILL = {fill}  # what outputs start as, and no input holds: an element never written shows
 WIDE = {wide}  # the dtype the inputs are written in, and a sum is exact in
 AS_BITS = {as_bits}  # uint64's inputs are written as the int64 of the same bits
 PREMUL_FACTOR = {premul_factor}  # PREMUL_SUM's factor, where the call takes one
+OP = {op_code}  # the call's reduce op, where it takes one
 nan, inf = float("nan"), float("inf")
-# INPUTS[r][p]: what rank r sends rank p (INPUTS[r][0]: its one input, where it sends all ranks the same),
-# flat, as the failing example had them
+# INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
+# same), flat, as the failing example had them; None for a rank outside the call's group
 INPUTS = {inputs}
 
 
@@ -289,7 +382,17 @@ def arranged(tensor, layout):
         buffer = torch.full((*tensor.shape[:-1], 2 * tensor.shape[-1]), FILL, dtype=DTYPE, device=DEVICE)
         buffer[..., ::2].copy_(tensor)
         return buffer[..., ::2]  # a view: torch hands it to the backend as it is
+    if layout == "offset":  # a view one element into a buffer one element longer at each end
+        buffer = torch.full((tensor.numel() + 2,), FILL, dtype=DTYPE, device=DEVICE)
+        buffer[1:-1].copy_(tensor.flatten())
+        return buffer[1:-1].view(tensor.shape)
     return tensor.contiguous()
+
+
+def around(tensor):  # a view's buffer outside it, which a call must leave FILL: None where it has none
+    if OUTPUTS_LAYOUT == "strided":
+        return tensor._base[..., 1::2]
+    return tensor._base[[0, -1]] if OUTPUTS_LAYOUT == "offset" else None
 
 
 def laid(tensor):  # an input, in the call's input layout
@@ -334,9 +437,11 @@ def wrong(got, want, slack):  # where got differs from want by more than slack (
 def report(me, what, got, want, slack=0):  # print what came back against what was expected; True if it was
     bad = wrong(got, want, slack).nonzero().tolist()
     verdict = f"{{len(bad)}} of {{want.numel()}} elements WRONG" if bad else "as expected"
-    print(f"rank {{me}}: {{what}}: {{verdict}}")
+    lines = [f"rank {{me}}: {{what}}: {{verdict}}"]
     for at in bad[:8]:
-        print(f"  at {{tuple(at)}}: got {{got[tuple(at)].item()}}, expected {{want[tuple(at)].item()}}")
+        at = tuple(at)
+        lines.append(f"  at {{at}}: got {{got[at].item()}}, expected {{want[at].item()}}")
+    print("\\n".join(lines), flush=True)  # whole, so that the ranks' lines do not interleave
     return not bad
 
 
@@ -350,10 +455,9 @@ def rank(me, port, failed):
     dist.init_process_group(BACKEND, init_method=address, rank=me, world_size=WORLD_SIZE)
     for what, got, (want, slack) in call(me):
         failed[me] += not report(me, what, got, want, slack)
-        if OUTPUTS_LAYOUT == "strided":  # the elements between a strided output's must stay FILL
-            gaps = got._base[..., 1::2]
-            between = f"{{what}}, between its elements"
-            failed[me] += not report(me, between, gaps, torch.full_like(gaps, FILL))
+        if (outside := around(got)) is not None:
+            unwritten = torch.full_like(outside, FILL)
+            failed[me] += not report(me, f"{{what}}: its buffer around it", outside, unwritten)
     dist.destroy_process_group()
 
 

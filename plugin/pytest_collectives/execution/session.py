@@ -36,7 +36,7 @@ from pytest_collectives.execution.hypothesis_calls import (
 )
 from pytest_collectives.execution.messages import REJECTED, ExpectedFailure, Task, packed
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
-from pytest_collectives.execution.reproductions import reproductions_folder
+from pytest_collectives.execution.reproductions import drop_drafts, reproductions_folder, reproductions_in
 from pytest_collectives.execution.suite_api import PARAMS, SIZES, OnRanks
 
 _outcome_key = pytest.StashKey[GroupOutcome]()
@@ -46,6 +46,7 @@ _outcome_key = pytest.StashKey[GroupOutcome]()
 # one that fails with one of them (examples.run_batch).
 EXPECTED_FAILURES = pytest.StashKey[tuple[ExpectedFailure, ...]]()
 _KNOWN_SEEN = pytest.StashKey[str]()  # the first example's failure with one of them
+_DRAFTS = pytest.StashKey[set[str]]()  # the reproductions its failing examples wrote, shrinking ones too
 
 
 @dataclasses.dataclass
@@ -124,6 +125,7 @@ class DistributedSession:
         self.sizes_run: dict[str, tuple[int, ...]] = {}  # node id -> world sizes its test runs at
         self.coverage = configurations.Coverage()
         self.reproductions = str(reproductions_folder(config, settings))  # handed to each test's ranks
+        self.reproductions_kept: set[str] = set()  # those a report named: no later test's draft
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -161,7 +163,7 @@ class DistributedSession:
             # on its reports (under xdist too) and in JUnit XML: which settings each outcome was under
             item.user_properties.append(("backend_env", self.configuration.id))
         left_out.mark(item)
-        for key in (_outcome_key, _KNOWN_SEEN, _EXAMPLES):
+        for key in (_outcome_key, _KNOWN_SEEN, _EXAMPLES, _DRAFTS):
             if key in item.stash:
                 del item.stash[key]
 
@@ -275,6 +277,8 @@ class DistributedSession:
             seen = item.stash.setdefault(_EXAMPLES, _Examples())
             seen.ran += len(calls)
             seen.refused += outcome.refused()
+        if verdict == "failed" or outcome.known_failure():
+            item.stash.setdefault(_DRAFTS, set()).update(reproductions_in(outcome.render()))
         if outcome.known_failure() and _KNOWN_SEEN not in item.stash:
             item.stash[_KNOWN_SEEN] = outcome.known_failure()
         if verdict == "failed" and failed_at is not None:
@@ -356,6 +360,7 @@ class DistributedSession:
             exc = call.excinfo.value
             notes = "\n".join(getattr(exc, "__notes__", []))
             rep.longrepr = f"{notes}\n\n{exc.outcome.render()}" if notes else exc.outcome.render()
+        drop_drafts(item.stash.get(_DRAFTS, set()), rep.longreprtext, self.reproductions_kept)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.coverage.add(report)
