@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pytest_collectives.bench import timing
-from pytest_collectives.bench.stamps import Stamps, stamp
+from pytest_collectives.bench.stamps import Stamps, position, stamp
 from pytest_collectives.bench.timing import (
     ROUND_FLOOR_S,
     WARMUP_ITERATIONS,
@@ -202,9 +202,47 @@ def test_every_timed_call_is_checked_by_its_stamp(dropped):
     spec = BenchSpec(enabled=True, min_rounds=200, max_time_s=0.0, min_time_s=0.0)
     with pytest.raises(AssertionError, match=r"did not land as sent: the first, of call \d+ \(buffer 0\)"):
         RankBenchmark(spec, torch.device("cpu"))(copy, stamps=Stamps(sends=[source], receives=[inbox]))
+    source = torch.zeros(64)  # without the failed run's last stamp, which it never put back
     clean = Stamps(sends=[source], receives=[inbox])
     RankBenchmark(spec, torch.device("cpu"))(lambda: inbox.copy_(source), stamps=clean)
     assert torch.equal(inbox, clean.as_landed(torch.zeros(64)))
+
+
+@pytest.mark.parametrize(
+    "part", [slice(None, 16), slice(-16, None), slice(None, 480), slice(544, None)],
+    ids=["first 16", "last 16", "all but a middle chunk", "all but the first part"],
+)  # fmt: skip
+def test_a_receive_that_lands_part_of_its_buffer_fails_its_benchmark(part: slice) -> None:
+    """A copy whose repeat calls land only part of the buffer (its first 16 of 1024 elements, its last
+    16, all but a middle chunk of 64, or all but its first 544): the walking stamp finds a call's stamp
+    missing, where one in the first element of every call passed the first of them, and the whole
+    payload never changed between calls."""
+    calls = 0
+    source, inbox = torch.arange(1024.0), torch.full((1024,), float("nan"))
+
+    def copy() -> None:
+        nonlocal calls
+        calls += 1
+        inbox[part if calls > 1 else slice(None)] = source[part if calls > 1 else slice(None)]
+
+    spec = BenchSpec(enabled=True, min_rounds=200, max_time_s=0.0, min_time_s=0.0)
+    with pytest.raises(AssertionError, match=r"did not land as sent: the first, of call \d+ \(buffer 0\)"):
+        RankBenchmark(spec, torch.device("cpu"))(copy, stamps=Stamps(sends=[source], receives=[inbox]))
+
+
+def test_the_walking_stamp_covers_the_whole_buffer() -> None:
+    """Within n calls the stamps of a buffer of n elements fall in every part of it a sixteenth long, and
+    the sender's buffer holds its own values again but where the last call's stamp sits."""
+    n = 1024
+    hit = {position(call, n) * 16 // n for call in range(1, 64)}
+    assert hit == set(range(16))
+    source, inbox = torch.arange(float(n)), torch.zeros(n)
+    stamps = Stamps(sends=[source], receives=[inbox])
+    for _ in range(50):
+        stamps.wrap(lambda: inbox.copy_(source))()
+    assert stamps.check() is None
+    assert torch.equal(inbox, stamps.as_landed(torch.arange(float(n))))
+    assert torch.equal(source, inbox)
 
 
 def test_the_last_timed_call_is_checked_too():
@@ -233,7 +271,7 @@ def test_parts_received_are_told_apart_and_empty_ones_carry_no_stamp():
     def exchange(dropped: int | None = None) -> None:
         for j in (0, 2):
             if j != dropped:
-                parts[j][0] = stamp(stamps.calls) + j * spacing
+                parts[j][position(stamps.calls, 4)] = stamp(stamps.calls) + j * spacing
 
     stamps.wrap(exchange)()
     assert stamps.check() is None

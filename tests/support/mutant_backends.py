@@ -384,16 +384,24 @@ class LargeReduceScatterTailUnreduced(ReferenceBackend):
 
 
 class _Landing(dist.Work):
-    """A receive that lands in a buffer of its own and is copied to ``target`` when waited."""
+    """A receive that lands in a buffer of its own and is copied to ``target`` when waited (only the
+    ``parts`` of its flat elements given, where some are)."""
 
-    def __init__(self, inner: dist.Work, landing: torch.Tensor, target: torch.Tensor) -> None:
+    def __init__(
+        self,
+        inner: dist.Work,
+        landing: torch.Tensor,
+        target: torch.Tensor,
+        parts: tuple[slice, ...] = (slice(None),),
+    ) -> None:
         super().__init__()
-        self.inner, self.landing, self.target, self.waited = inner, landing, target, False
+        self.inner, self.landing, self.target, self.parts, self.waited = inner, landing, target, parts, False
 
     def wait(self, timeout: Any = None) -> bool:
         self.inner.wait()
         if not self.waited:
-            self.target.copy_(self.landing)
+            for part in self.parts:
+                self.target.view(-1)[part].copy_(self.landing.view(-1)[part])
             self.waited = True
         return True
 
@@ -708,6 +716,47 @@ class TransfersDropped(ReferenceBackend):
         return self.inner.scatter(outputs, inputs, opts)
 
 
+class LandsPartOnRepeat(ReferenceBackend):
+    """Receives, all_reduces and broadcasts whose repeat calls on a buffer land only part of it: its first
+    16 elements (ACME_PART=first-16), its last 16 (last-16), or all but a middle chunk of an eighth
+    (middle). The first call of each lands whole and every timed call sends the same bytes, so a check of
+    one element of each call, or of the whole payload at the end, passes it."""
+
+    name = "mutant_lands_part_on_repeat"
+    seen: set[tuple[str, int]] = set()
+
+    @staticmethod
+    def _parts(kind: str, tensor: torch.Tensor) -> tuple[slice, ...] | None:
+        """The parts a repeat call lands; None for a call that lands whole."""
+        n = tensor.numel()
+        if n < 256 or (kind, n) not in LandsPartOnRepeat.seen:  # a first call, or the harness's own
+            LandsPartOnRepeat.seen.add((kind, n))
+            return None
+        how = os.environ.get("ACME_PART", "first-16")
+        if how == "middle":
+            return (slice(None, n // 2), slice(n // 2 + n // 8, None))
+        return (slice(None, 16),) if how == "first-16" else (slice(n - 16, None),)
+
+    def _landed(self, kind: str, tensors: list[Any], call: Any) -> dist.Work:
+        parts = self._parts(kind, tensors[0])
+        if parts is None:
+            return call(tensors)
+        landing = tensors[0].clone()
+        return _Landing(call([landing]), landing, tensors[0], parts)
+
+    def recv(self, tensors: list[Any], src: int, tag: int) -> dist.Work:
+        parent = super()
+        return self._landed("recv", tensors, lambda ts: parent.recv(ts, src, tag))
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        parent = super()
+        return self._landed("allreduce", tensors, lambda ts: parent.allreduce(ts, opts))
+
+    def broadcast(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        parent = super()
+        return self._landed("broadcast", tensors, lambda ts: parent.broadcast(ts, opts))
+
+
 class LargeObjectsTruncated(ReferenceBackend):
     """all_gather and broadcast of a byte tensor past 64 KiB (a pickled object's data) zero its last
     byte: a large-message path that small objects never take."""
@@ -993,6 +1042,7 @@ MUTANTS = [
     ScalarPassedOver,
     LastElementWrongInEveryDtype,
     WritesThenRefusesChannelsLast,
+    LandsPartOnRepeat,
 ]
 register(*MUTANTS, RecordsBufferForms)
 refuses(WritesThenRefusesChannelsLast.name, "Tensors must be contiguous")
