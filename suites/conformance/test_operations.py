@@ -148,14 +148,31 @@ def test_all_to_all_single(pg, algorithm, case, splits, even):
 
 @pytest.mark.world_size()
 @pytest.mark.needs("all_to_all")
-@examples(case=movements(["all_to_all"], members=st.none()))
-def test_all_to_all_list(pg, case):
+@examples(case=movements(["all_to_all"], members=st.none()), splits=SPLITS, even=st.booleans())
+def test_all_to_all_list(pg, case, splits, even):
+    """The list form: rank i sends sizes[i][j] elements to rank j, the same number to every rank or parts
+    of different sizes (torch documents them), so that an offset reckoned for even parts shows in uneven
+    ones. Uneven, every rank's parts in and out differ in size (each size is (i + j) modulo n above a
+    multiple of n), so a backend that takes only even parts (gloo) refuses on every rank alike."""
     n, me = pg.world_size, pg.rank
-    sizes = [[case.size % 41] * n for _ in range(n)]
+    if even:
+        sizes = [[case.size % 41] * n for _ in range(n)]
+    else:
+        sizes = [[splits[i][j] * n + (i + j) % n for j in range(n)] for i in range(n)]
     outputs = [sentinel(sizes[i][me], case.dtype, pg.device) for i in range(n)]
     sent = [case.part(pg.seed, me, j, sizes[me][j], n) for j in range(n)]
     sources = [laid_out(x, case.layout, pg.device) for x in sent]
-    dist.all_to_all(outputs, sources)
+    try:
+        dist.all_to_all(outputs, sources)
+    except Exception as exc:
+        if reason := refusal(exc, pg.backend):
+            # a refusal is a refusal only where it left every tensor as it was
+            for i in range(n):
+                unwritten = sentinel(sizes[i][me], case.dtype, pg.device)
+                assert_unchanged(outputs[i], unwritten, f"refused all_to_all: from rank {i} on rank {me}")
+                assert_unchanged(sources[i], sent[i], f"refused all_to_all: what rank {me} sends rank {i}")
+            refused_example(f"{pg.backend} refuses all_to_all of parts of sizes {sizes}: {reason}")
+        raise
     for i in range(n):
         expected = case.part(pg.seed, i, me, sizes[i][me], n)
         assert_moved(outputs[i], expected, f"all_to_all: from rank {i} on rank {me}")

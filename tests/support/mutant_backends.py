@@ -716,6 +716,29 @@ class TransfersDropped(ReferenceBackend):
         return self.inner.scatter(outputs, inputs, opts)
 
 
+class UnevenListAllToAllOffByOne(ReferenceBackend):
+    """The list all_to_all takes parts of different sizes (as NCCL does; gloo refuses them), through one flat
+    all_to_all_single, and reads each received part after the first one element early."""
+
+    name = "mutant_uneven_list_all_to_all_off_by_one"
+
+    def alltoall(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> dist.Work:
+        if len({t.numel() for t in (*outputs, *inputs)}) == 1:
+            return super().alltoall(outputs, inputs, opts)
+        flat = [torch.view_as_real(t) if t.is_complex() else t for t in (*outputs, *inputs)]
+        outs, ins = flat[: len(outputs)], flat[len(outputs) :]
+        received = torch.empty(sum(t.numel() for t in outs), dtype=outs[0].dtype, device=outs[0].device)
+        sent = torch.cat([t.reshape(-1) for t in ins])
+        splits = ([t.numel() for t in outs], [t.numel() for t in ins])
+        super().alltoall_base(received, sent, *splits).wait()
+        start = 0
+        for i, t in enumerate(outs):
+            at = max(start - (i > 0), 0)  # the bug: every part after the first read one element early
+            t.view(-1).copy_(received[at : at + t.numel()])
+            start += t.numel()
+        return _Done()
+
+
 class LandsPartOnRepeat(ReferenceBackend):
     """Receives, all_reduces and broadcasts whose repeat calls on a buffer land only part of it: its first
     16 elements (ACME_PART=first-16), its last 16 (last-16), or all but a middle chunk of an eighth
@@ -1043,6 +1066,7 @@ MUTANTS = [
     LastElementWrongInEveryDtype,
     WritesThenRefusesChannelsLast,
     LandsPartOnRepeat,
+    UnevenListAllToAllOffByOne,
 ]
 register(*MUTANTS, RecordsBufferForms)
 refuses(WritesThenRefusesChannelsLast.name, "Tensors must be contiguous")
