@@ -55,8 +55,6 @@ _REFUSALS: dict[str, list[str]] = {
         # a layout it does not take: all_to_all_single of a strided view, send and recv of any non-dense one
         r"Tensors must be contiguous",
         r"input tensor has to be contiguous",
-        # the list all_to_all with parts of different sizes (torch documents them; NCCL takes them)
-        r"ProcessGroupGloo::alltoall: invalid tensor size at index \d+ \(expected \([\d, ]*\), got \([\d, ]*\)\)",
         # a transport the platform lacks (GLOO_DEVICE_TRANSPORT=UV on Linux): the group does not start
         r"makeDeviceForInterface\(\): unsupported gloo device",
     ],

@@ -86,12 +86,19 @@ class ReferenceBackend(dist.ProcessGroup):
     def recv(self, tensors: list[Any], src: int, tag: int) -> dist.Work:
         return self.inner.recv(tensors, src, tag)
 
+    def recv_anysource(self, tensors: list[Any], tag: int) -> dist.Work:
+        return self.inner.recv_anysource(tensors, tag)
+
 
 class NcclRulesBackend(ReferenceBackend):
     """The reference backend refusing what NCCL refuses, in NCCL's words."""
 
     name = "refgloo_nccl_rules"
     refusals = (r"Cannot use ReduceOp\.(BAND|BOR|BXOR) with NCCL",)
+
+    def recv_anysource(self, tensors: list[Any], tag: int) -> dist.Work:
+        # ProcessGroupNCCL leaves c10d's Backend::recvAnysource as it is, which refuses so
+        raise RuntimeError("Backend NCCL does not support recvAnysource")
 
     def refuse(self, opts: Any) -> None:
         op = getattr(opts, "reduceOp", None)

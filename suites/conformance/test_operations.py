@@ -153,7 +153,8 @@ def test_all_to_all_list(pg, case, splits, even):
     """The list form: rank i sends sizes[i][j] elements to rank j, the same number to every rank or parts
     of different sizes (torch documents them), so that an offset reckoned for even parts shows in uneven
     ones. Uneven, every rank's parts in and out differ in size (each size is (i + j) modulo n above a
-    multiple of n), so a backend that takes only even parts (gloo) refuses on every rank alike."""
+    multiple of n), so a backend that takes only even parts (gloo, a known bug) raises on every rank
+    alike, where one whose parts happened to be even would wait for the others forever."""
     n, me = pg.world_size, pg.rank
     if even:
         sizes = [[case.size % 41] * n for _ in range(n)]

@@ -24,6 +24,8 @@ from pytest_collectives import (
     large,
     movements,
     point_to_point_script,
+    refusal,
+    refused_example,
     sentinel,
     write_reproduction,
 )
@@ -124,6 +126,34 @@ def test_ring_exchange_both_directions_at_once(pg, case):
         work.wait()
     assert_moved(inbox, case.input(pg.seed, left, size, n), f"rank {me} receiving from rank {left}")
     assert_unchanged(payload, mine, f"rank {me}'s tensor sent to rank {right}")
+
+
+@pytest.mark.world_size()
+@pytest.mark.needs("send_recv")
+@examples(case=SENDS)
+def test_a_receive_from_any_source_returns_its_sender(pg, case):
+    """recv with no source takes whichever message comes and returns its sender's rank (torch: "Returns:
+    Sender rank"): every rank sends right and receives from any source, so each gets its left neighbour's
+    message and must be told so. A backend that takes no receive from any source (NCCL) refuses on every
+    rank alike, and the message is then taken by its source."""
+    n, me = pg.world_size, pg.rank
+    if n == 1:
+        pytest.skip("a receive from any source needs a second rank to send")
+    left = (me - 1) % n
+    sent = case.input(pg.seed, me, case.size, n)
+    inbox = laid_out(sentinel(case.size, case.dtype, "cpu"), case.layout, pg.device)
+    sending = dist.isend(laid_out(sent, case.layout, pg.device), (me + 1) % n)
+    try:
+        sender = dist.recv(inbox)
+    except Exception as exc:
+        dist.recv(inbox, left)  # the message still waits: taken by its source, the group stays in step
+        sending.wait()
+        if reason := refusal(exc, pg.backend):
+            refused_example(f"{pg.backend} takes no receive from any source: {reason}")
+        raise
+    sending.wait()
+    assert sender == left, f"rank {me} received rank {left}'s message from any source; told rank {sender}"
+    assert_moved(inbox, case.input(pg.seed, left, case.size, n), f"rank {me} receiving from any source")
 
 
 @pytest.mark.world_size()
