@@ -205,7 +205,7 @@ def test_a_run_that_checked_nothing_fails(pytester: pytest.Pytester) -> None:
     """Every conformance test N/A (point to point at one rank: no peer) proves nothing: the run fails."""
     copy_conformance(pytester.path, PLANTED_FILES)
     result = pytester.runpytest("test_point_to_point.py", "--world-sizes", "1", "-p", "no:cacheprovider")
-    result.assert_outcomes(skipped=6)
+    result.assert_outcomes(skipped=7)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["conformance checked nothing: every conformance test was skipped (N/A)*"])
 
@@ -346,6 +346,9 @@ MUTANTS = [
     # the list form with parts of different sizes, which gloo refuses and this one takes
     ("mutant_uneven_list_all_to_all_off_by_one", "test_operations.py", "test_all_to_all_list",
      "*all_to_all: from rank * on rank *"),  # fmt: skip
+    # a receive from any source naming another rank than the one whose message it landed
+    ("mutant_any_source_names_another_sender", "test_point_to_point.py", "any_source",
+     "*from any source; told rank *"),  # fmt: skip
     ("mutant_broadcast_ignores_root", "test_operations.py", "test_broadcast", "*broadcast from group rank*"),
     # async_op_with_wait draws the backend's all_reduce alone over 5 dtypes: bf16 in a fifth of its examples
     (

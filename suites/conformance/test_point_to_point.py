@@ -139,6 +139,9 @@ def test_a_receive_from_any_source_returns_its_sender(pg, case):
     n, me = pg.world_size, pg.rank
     if n == 1:
         pytest.skip("a receive from any source needs a second rank to send")
+    # gloo raises on an empty one (docs/findings.md) and leaves its message waiting, which the next
+    # example's receive would take: a raise that took the message cannot be told from one that did not
+    assume(case.size > 0)
     left = (me - 1) % n
     sent = case.input(pg.seed, me, case.size, n)
     inbox = laid_out(sentinel(case.size, case.dtype, "cpu"), case.layout, pg.device)
@@ -146,9 +149,9 @@ def test_a_receive_from_any_source_returns_its_sender(pg, case):
     try:
         sender = dist.recv(inbox)
     except Exception as exc:
-        dist.recv(inbox, left)  # the message still waits: taken by its source, the group stays in step
-        sending.wait()
         if reason := refusal(exc, pg.backend):
+            dist.recv(inbox, left)  # refused, its message still waits: taken by its source
+            sending.wait()
             refused_example(f"{pg.backend} takes no receive from any source: {reason}")
         raise
     sending.wait()

@@ -739,6 +739,33 @@ class UnevenListAllToAllOffByOne(ReferenceBackend):
         return _Done()
 
 
+class _FromAnotherRank(dist.Work):
+    """A receive from any source that lands its message and names the wrong sender: two ranks up (in a
+    ring of 3 or more, not the receiver itself, which torch would refuse to return)."""
+
+    def __init__(self, inner: dist.Work, world_size: int) -> None:
+        super().__init__()
+        self.inner, self.world_size = inner, world_size
+
+    def wait(self, timeout: Any = None) -> bool:
+        return self.inner.wait()
+
+    def is_completed(self) -> bool:
+        return self.inner.is_completed()
+
+    def _source_rank(self) -> int:
+        return (self.inner._source_rank() + 2) % self.world_size
+
+
+class AnySourceNamesAnotherSender(ReferenceBackend):
+    """A receive from any source lands its message and returns the wrong sender's rank."""
+
+    name = "mutant_any_source_names_another_sender"
+
+    def recv_anysource(self, tensors: list[Any], tag: int) -> dist.Work:
+        return _FromAnotherRank(super().recv_anysource(tensors, tag), self.size())
+
+
 class LandsPartOnRepeat(ReferenceBackend):
     """Receives, all_reduces and broadcasts whose repeat calls on a buffer land only part of it: its first
     16 elements (ACME_PART=first-16), its last 16 (last-16), or all but a middle chunk of an eighth
@@ -1067,6 +1094,7 @@ MUTANTS = [
     WritesThenRefusesChannelsLast,
     LandsPartOnRepeat,
     UnevenListAllToAllOffByOne,
+    AnySourceNamesAnotherSender,
 ]
 register(*MUTANTS, RecordsBufferForms)
 refuses(WritesThenRefusesChannelsLast.name, "Tensors must be contiguous")
