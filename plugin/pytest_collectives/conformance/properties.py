@@ -137,11 +137,11 @@ def _reproduction(pg: Any, name: str, case: Case, failure: str) -> str:
     )  # fmt: skip
     op = case.op if name in REDUCING else ""
     dtype = str(case.dtype).removeprefix("torch.")
-    what = " ".join(filter(None, (name, op, inputs if inputs != "contiguous" else "")))
-    where = f"the {what} of {size} {dtype} elements on ranks {ranks} of {pg.world_size}"
-    text = group_call_script(call, op, failure.splitlines()[0], where)
+    layout = "" if inputs == "contiguous" else inputs  # named where it is not the plain one
+    where = f"the {' '.join(filter(None, (name, op, layout)))} of {size} {dtype} elements on ranks {ranks}"
+    text = group_call_script(call, op, failure.splitlines()[0], f"{where} of {pg.world_size}")
     members = "_".join(map(str, ranks))
-    label = "-".join(filter(None, (pg.backend, name, op, inputs if inputs != "contiguous" else "", dtype)))
+    label = "-".join(filter(None, (pg.backend, name, op, layout, dtype)))
     return write_reproduction(pg, f"{label}-{size}-ranks{members}-ws{pg.world_size}", text)
 
 

@@ -221,10 +221,10 @@ GROUP_CALL_LINES = {
     return [(f"broadcast from group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
     "reduce_scatter_tensor": """
     output = unwritten(SHAPE)
-    source = laid(torch.cat([given(me, p) for p in range(len(members))]))
+    kept = torch.cat([given(me, p) for p in range(len(members))])
+    source = laid(kept)
     dist.reduce_scatter_tensor(output, source, op=OP, group=group)
     wanted = reduced({op!r}, [given(r, at) for r in members])
-    kept = torch.cat([given(me, p) for p in range(len(members))])
     return [("reduce_scatter_tensor {op} in the group of ranks {members}", output, wanted),
             ("its input, after the call", source, exactly(kept))]""",
     "all_gather_into_tensor": """
@@ -236,9 +236,9 @@ GROUP_CALL_LINES = {
             ("its input, after the call", mine, exactly(given(me)))]""",
     "all_to_all_single": """
     output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
-    source = laid(torch.cat([given(me, p) for p in range(len(members))]))
-    dist.all_to_all_single(output, source, group=group)
     kept = torch.cat([given(me, p) for p in range(len(members))])
+    source = laid(kept)
+    dist.all_to_all_single(output, source, group=group)
     return [("all_to_all_single in the group of ranks {members}", output,
              exactly(torch.cat([given(r, at) for r in members]))),
             ("its input, after the call", source, exactly(kept))]""",
