@@ -24,6 +24,7 @@ from pytest_collectives.conformance.standalone import (
     group_call_script,
     point_to_point_script,
 )
+from pytest_collectives.execution.reproductions import reproductions_in
 
 GLOO_LAYOUT_BUGS = [
     bug for bug in load(SUITES / "known_bugs.json")
@@ -193,9 +194,8 @@ def test_a_reproduction_of_a_message_gloo_gets_right_exits_0(tmp_path: Path) -> 
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
 def test_a_message_received_wrong_writes_a_reproduction(pytester: pytest.Pytester) -> None:
     """recv into a view at a storage offset lands at the storage's start: the scripts written from the
-    point-to-point test's failures, at 2 ranks and at 3, exit 1 on the mutant, naming the receiver's
-    buffer around the view, and 0 with their backend named refgloo; the folder holds only the scripts the
-    report names (hypothesis' shrinking steps wrote many more)."""
+    point-to-point test's failures that the report names, at 2 ranks and at 3, exit 1 on the mutant,
+    naming the receiver's buffer around the view, and 0 with their backend named refgloo."""
     mutant = "mutant_received_at_the_storage_start"
     result = run_on_backend(
         pytester, mutant, "-k", "test_receiver_sees_exactly_what_was_sent and not large", "--reproductions",
@@ -203,10 +203,9 @@ def test_a_message_received_wrong_writes_a_reproduction(pytester: pytest.Pyteste
     )  # fmt: skip
     folder = pytester.path / "repro"
     result.stdout.fnmatch_lines([f"*standalone reproduction: {folder}/{mutant}-*-offset-*.py"])
-    scripts = sorted(folder.iterdir())
-    assert all(f"standalone reproduction: {script}" in result.stdout.str() for script in scripts), scripts
+    named = [Path(path) for path in reproductions_in(result.stdout.str())]
     for n in (2, 3):
-        script = next(script for script in scripts if script.name.endswith(f"-ws{n}.py"))
+        script = next(script for script in named if script.name.endswith(f"-ws{n}.py"))
         text = script.read_text()
         on_mutant = _run_alone(script, str(SUPPORT))
         assert on_mutant.returncode == 1, (script.name, on_mutant.stdout + on_mutant.stderr)
