@@ -19,6 +19,7 @@ from pytest_collectives.execution import configurations
 from pytest_collectives.execution.collection import one_configuration_at_a_time
 from pytest_collectives.execution.configurations import Configuration, parse
 from pytest_collectives.execution.options import OptionError
+from pytest_collectives.execution.tally import Tally
 
 
 def test_each_combination_of_the_values_is_a_configuration_in_the_order_given() -> None:
@@ -121,7 +122,7 @@ def test_a_bug_under_one_setting_fails_only_there_and_the_run_names_it(pytester:
     counts = {c["backend_env"]: c["failed"] for c in report["tests"]["configurations"]}
     assert counts == {"ACME_PROTO=LL": 0, "ACME_PROTO=LL128": len(failed), "ACME_PROTO=Simple": 0}, counts
     check = next(c for c in report["checks"] if c["name"] == "backend settings")
-    assert check["status"] == "FAIL" and check["reason"].startswith("Tests failed only with ACME_PROTO=LL128")
+    assert check["status"] == "FAIL" and check["reason"].startswith("tests failed only with ACME_PROTO=LL128")
 
 
 @pytest.mark.skipif(
@@ -323,11 +324,15 @@ def test_a_setting_whose_tests_are_all_known_bugs_was_tested() -> None:
     tests are known bugs is no "untested" one, which once failed the run the same selection passed
     without the setting. A setting whose tests were all N/A still is."""
     def report(configuration: str, **outcome: object) -> SimpleNamespace:
-        given = {"failed": False, "passed": False, "skipped": True, "when": "call", "longrepr": None}
+        given = {"failed": False, "passed": False, "skipped": True, "outcome": "skipped", "when": "call",
+                 "longrepr": None, "nodeid": f"t.py::test_x[{configuration}]"}  # fmt: skip
         given.update(outcome)
         return SimpleNamespace(user_properties=[("backend_env", configuration)], **given)
 
-    coverage = configurations.Coverage()
-    coverage.add(report("P=LL", wasxfail="known gloo bug: strided reduce_scatter"))
-    coverage.add(report("P=LL128", longrepr=("t.py", 1, "Skipped: N/A: acme supports no reduce_scatter")))
-    assert coverage.untested() == ["P=LL128"]
+    tally = Tally()
+    tally.add(report("P=LL", wasxfail="known gloo bug: strided reduce_scatter"))
+    tally.add(report("P=LL128", longrepr=("t.py", 1, "Skipped: N/A: acme supports no reduce_scatter")))
+    assert tally.untested() == ["P=LL128"]
+    assert tally.untested_lines() == [
+        "untested with P=LL128: none of its tests ran (N/A: acme supports no reduce_scatter); the run fails"
+    ]

@@ -201,12 +201,13 @@ def failing_gpu_data() -> dict:
     for row in data["collectives"]:  # all_gather a little slower: its line is not hidden under all_reduce
         if row["name"] == "all_gather":
             row.update(busbw_GBps=row["busbw_GBps"] * 0.8, algbw_GBps=row["algbw_GBps"] * 0.8)
-    data["tests"] = {
-        "passed": 11,
-        "failed": 1,
-        "skipped": 1,
-        "failures": [{"nodeid": "suites/test_p2p.py::test_copy[2-3]", "longrepr": "E  assert 40.0 >= 80.0"}],
-    }
+    failure = {"nodeid": "suites/test_p2p.py::test_copy[2-3]", "longrepr": "E  assert 40.0 >= 80.0"}
+    data["tests"] = {"passed": 11, "failed": 1, "skipped": 1, "failures": [failure]}
+    # the run's checks, as the run judged them
+    data["run_checks"] = [
+        {"name": "test run", "status": "FAIL", "reason": "11 passed, 1 failed, 1 skipped", "details": {}},
+        {"name": "performance gate", "status": "FAIL", "reason": "1 confirmed regression(s)", "details": {}},
+    ]
     return data
 
 
@@ -226,7 +227,7 @@ def test_node_report_shows_in_the_browser(failing_report, open_in_browser):
     page, log = open_in_browser(failing_report["report.html"])
     check_page(page, log, expected_images=len(plots))
     assert page.get_by_text("Overall verdict: FAIL").is_visible()
-    for check in (SLOW_LINK, "benchmark baseline", "test run"):
+    for check in (SLOW_LINK, "performance gate", "test run"):
         row = page.locator("tr").filter(has=page.locator("td", has_text=check))
         assert row.count() >= 1, check
         assert row.first.locator("td").first.inner_text().strip() == "FAIL", check

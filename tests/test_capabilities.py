@@ -207,7 +207,7 @@ def test_a_run_that_checked_nothing_fails(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("test_point_to_point.py", "--world-sizes", "1", "-p", "no:cacheprovider")
     result.assert_outcomes(skipped=7)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["conformance checked nothing: every conformance test was skipped (N/A)*"])
+    result.stdout.fnmatch_lines(["conformance: FAIL, every conformance test was skipped (N/A)*"])
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="the strided reduce_scatter bug is gloo's of torch 2.13")
@@ -886,8 +886,8 @@ def test_the_node_report_holds_the_capability_matrix(pytester: pytest.Pytester) 
     broadcast = {key[1]: cell["status"] for key, cell in rows.items() if key[0] == "broadcast"}
     assert report["capabilities"]["backend"] == "gloo" and "PASS" in broadcast.values()
     assert "FAIL" not in broadcast.values()
-    check = next(c for c in report["checks"] if c["name"] == "capability matrix")
-    assert check["status"] == "PASS" and check["reason"].startswith("gloo (")
+    check = next(c for c in report["checks"] if c["name"] == "conformance")
+    assert check["status"] == "PASS" and check["details"]["backend"] == "gloo"
     assert "<td>broadcast</td>" in (pytester.path / "report" / "report.html").read_text()
 
 

@@ -170,7 +170,7 @@ def test_cli_writes_identical_files_in_any_order(sick_fleet, tmp_path, capsys):
     assert f"FAIL {SICK}:" in out and out.count("FAIL node") == 3
     document = json.loads(expected)
     assert document["verdict"] == "FAIL" and document["topology_id"] == TOPOLOGY
-    assert document["counts"] == {"FAIL": 1, "WARN": 0, "NOT JUDGED": 0, "PASS": NODES - 1}
+    assert document["counts"] == {"FAIL": 1, "WARN": 0, "NOT JUDGED": 0, "N/A": 0, "PASS": NODES - 1}
     assert [n["name"] for n in document["nodes"]] == [f"node{k:02d}" for k in range(NODES)]
     assert (document["fail_below"], document["warn_below"]) == (0.75, 0.9)
     outlier = next(n for n in document["nodes"] if n["name"] == SICK)["outliers"][0]

@@ -16,10 +16,10 @@ from helpers import gpu_data
 import pytest_collectives
 from pytest_collectives.gate.baseline_format import BenchmarkEntry
 from pytest_collectives.nodereport.collect import host_device, p2p_latency, p2p_matrix
-from pytest_collectives.nodereport.judging.checks import FAIL, NOT_JUDGED, PASS
 from pytest_collectives.nodereport.judging.verdicts import report_checks
 from pytest_collectives.nodereport.outputs.schema import ReportError
 from pytest_collectives.nodereport.outputs.write import build_report, write_report
+from pytest_collectives.verdict import FAIL, NOT_JUDGED, PASS
 
 SCHEMA_FILE = Path(pytest_collectives.__file__).parent / "schemas" / "node-report.schema.json"
 SERIES = ("h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable", "bidir pinned", "local device")

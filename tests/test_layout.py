@@ -130,9 +130,10 @@ def test_every_private_api_in_use_is_listed_with_why() -> None:
 
 def test_one_concern_per_subpackage():
     top = {p.name for p in ROOT.iterdir() if p.suffix == ".py"}
-    # The entry point, its hook specs and the session's one owner (run.py), what several concerns share, and
-    # the reference backends under the stable name users give --backend-module.
-    shared = {"atomic.py", "errors.py", "option.py", "devices.py", "backend_declarations.py"}
+    # The entry point, its hook specs and the session's one owner (run.py), what several concerns share (the
+    # one verdict type every part returns among them), and the reference backends under the stable name
+    # users give --backend-module.
+    shared = {"atomic.py", "errors.py", "option.py", "devices.py", "backend_declarations.py", "verdict.py"}
     assert top == {"__init__.py", "hooks.py", "hookspecs.py", "run.py", "refbackend.py", *shared}, top
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     concerns = {

@@ -3,6 +3,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from xml.etree import ElementTree
 
 import jsonschema
@@ -10,11 +11,16 @@ import pytest
 from helpers import cpu_data, gpu_data
 
 import pytest_collectives
+from pytest_collectives.conformance.judging import judge_conformance
+from pytest_collectives.execution.modes.soak import judge_soak
+from pytest_collectives.execution.tally import Counts, Tally, judge_settings, judge_tests
 from pytest_collectives.gate.baseline_format import BenchmarkEntry
+from pytest_collectives.gate.baseline_gate import judge_gate
 from pytest_collectives.nodereport.collect import p2p_matrix
 from pytest_collectives.nodereport.outputs import plots
 from pytest_collectives.nodereport.outputs.schema import DATA_SCHEMA, REPORT_SCHEMA, ReportError, validate
 from pytest_collectives.nodereport.outputs.write import write_report
+from pytest_collectives.verdict import Check
 
 # matplotlib is in the `test` extra; the plots are what most of this file checks.
 imread = pytest.importorskip("matplotlib.image").imread
@@ -30,6 +36,29 @@ def gpu_report(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def cpu_report(tmp_path_factory) -> dict[str, Path]:
     return write_report(tmp_path_factory.mktemp("cpu"), cpu_data())
+
+
+def judged(data: dict, *checks: Check) -> dict:
+    """``data`` with the run's checks as the run judged them: the report renders them as they are."""
+    data["run_checks"] = [check.to_json() for check in checks]
+    return data
+
+
+def tally_of(passed: int, failed: int, skipped: int = 0, failures: tuple = (), **settings: Counts) -> Tally:
+    """The run's tally of outcomes (execution.tally), as its test reports would make it."""
+    tally = Tally()
+    tally.counts = Counts(passed, failed, skipped, judged=passed + failed)
+    tally.failures = list(failures)
+    tally.by_configuration = {name.replace("_", "="): counts for name, counts in settings.items()}
+    return tally
+
+
+def slower(*ratios: float) -> list[tuple[str, SimpleNamespace]]:
+    """The gate's comparisons (name, its verdict) of benchmarks ``ratios`` x slower than the baseline."""
+    return [
+        (f"test_all_reduce[{k}MiB]", SimpleNamespace(ratio=r, verdict="regression"))
+        for k, r in enumerate(ratios, 1)
+    ]
 
 
 def assert_png(path: Path) -> None:
@@ -69,7 +98,6 @@ def test_json_validates_and_round_trips(gpu_report):
         "class NV4",
         "class SYS",
         "test run",
-        "benchmark baseline",
     ]
     assert all(p["written"] for p in report["plots"])
 
@@ -111,25 +139,20 @@ def test_html_shows_checks_and_explains_links(gpu_report):
 def test_failed_run_with_hostile_names_still_reports(tmp_path):
     data = gpu_data()
     data["p2p"]["matrix"][2][3] = data["p2p"]["matrix"][3][2] = 40.0
-    data["tests"] = {
-        "passed": 3,
-        "failed": 1,
-        "skipped": 0,
-        "failures": [
-            {"nodeid": "suites/t.py::test_<script>alert(1)</script>", "longrepr": "E  <b>x</b> & y"}
-        ],
-    }
+    failure = {"nodeid": "suites/t.py::test_<script>alert(1)</script>", "longrepr": "E  <b>x</b> & y"}
+    data["tests"] = {"passed": 3, "failed": 1, "skipped": 0, "failures": [failure]}
     data["baseline"]["rows"][0].update(ratio=1.3, now_median_s=0.013, verdict="regression")
-    files = write_report(tmp_path, data)
+    gate = judge_gate("", "FAIL", ["1 confirmed regression(s)"], slower(1.3), None)
+    files = write_report(tmp_path, judged(data, judge_tests(tally_of(3, 1, failures=(failure,))), *gate))
     page = files["report.html"].read_text()
     assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "E  &lt;b&gt;x&lt;/b&gt; &amp; y" in page
     report = read_json(files)
     assert report["verdict"] == "FAIL"
     failing = {c["name"] for c in report["checks"] if c["status"] == "FAIL"}
-    assert failing == {"link GPU2<->GPU3", "test run", "benchmark baseline"}
+    assert failing == {"link GPU2<->GPU3", "test run", "performance gate"}
     # The regressed benchmarks are a table, in every output, not a paragraph of ids in the reason.
-    check = next(c for c in report["checks"] if c["name"] == "benchmark baseline")
+    check = next(c for c in report["checks"] if c["name"] == "performance gate")
     assert check["details"]["table"]["rows"] == [["test_all_reduce[1MiB]", "1.30x"]]
     assert "test_all_reduce" not in check["reason"]
     assert "<td>test_all_reduce[1MiB]</td><td>1.30x</td>" in page
@@ -141,8 +164,8 @@ def test_failed_run_with_hostile_names_still_reports(tmp_path):
     assert [c.get("name") for c in cases] == [c["name"] for c in report["checks"]]
     assert int(suite.get("tests")) == len(cases) and int(suite.get("failures")) == 3
     failed = {c.get("name") for c in cases if c.find("failure") is not None}
-    assert failed == {"link GPU2<->GPU3", "test run", "benchmark baseline"}
-    baseline_case = next(c for c in cases if c.get("name") == "benchmark baseline")
+    assert failed == {"link GPU2<->GPU3", "test run", "performance gate"}
+    baseline_case = next(c for c in cases if c.get("name") == "performance gate")
     assert "test_all_reduce[1MiB]  1.30x" in baseline_case.find("failure").text
 
 
@@ -151,16 +174,12 @@ def test_every_output_lists_the_failing_tests_with_their_reproductions(tmp_path)
     the standalone reproduction it wrote."""
     data = cpu_data()
     written = "E   AssertionError: 3 elements WRONG\nE   standalone reproduction: /r/gloo-reduce-ws2.py"
-    data["tests"] = {
-        "passed": 3,
-        "failed": 2,
-        "skipped": 0,
-        "failures": [
-            {"nodeid": "c.py::test_a[ws2]", "longrepr": written, "reproductions": ["/r/gloo-reduce-ws2.py"]},
-            {"nodeid": "c.py::test_b", "longrepr": "def test_b():\n>   assert 1 == 2\nE   assert 1 == 2"},
-        ],
-    }
-    files = write_report(tmp_path, data)
+    failures = (
+        {"nodeid": "c.py::test_a[ws2]", "longrepr": written, "reproductions": ["/r/gloo-reduce-ws2.py"]},
+        {"nodeid": "c.py::test_b", "longrepr": "def test_b():\n>   assert 1 == 2\nE   assert 1 == 2"},
+    )
+    data["tests"] = {"passed": 3, "failed": 2, "skipped": 0, "failures": list(failures)}
+    files = write_report(tmp_path, judged(data, judge_tests(tally_of(3, 2, failures=failures))))
     check = next(c for c in read_json(files)["checks"] if c["name"] == "test run")
     assert check["status"] == "FAIL" and check["details"]["table"]["rows"] == [
         ["c.py::test_a[ws2]", "AssertionError: 3 elements WRONG", "/r/gloo-reduce-ws2.py"],
@@ -366,49 +385,57 @@ def capability_matrix(failing: bool) -> dict:
 def test_the_capability_matrix_is_a_check_in_every_output(tmp_path, failing):
     data = cpu_data()
     data["capabilities"] = capability_matrix(failing)
-    files = write_report(tmp_path, data)
+    files = write_report(tmp_path, judged(data, judge_conformance(data["capabilities"], False)))
     report = read_json(files)
     assert report["capabilities"] == data["capabilities"]  # the matrix itself, for a vendor to diff
-    check = next(c for c in report["checks"] if c["name"] == "capability matrix")
+    check = next(c for c in report["checks"] if c["name"] == "conformance")
     assert check["status"] == ("FAIL" if failing else "PASS")
     assert report["verdict"] == ("FAIL" if failing else "WARN")  # a CPU run judges no link
-    assert check["reason"].startswith("nccl (NCCL 2.27.3, torch 2.13.0) at world sizes 1, 2: 1 PASS")
+    assert check["details"]["backend_version"] == "NCCL 2.27.3" and check["details"]["world_sizes"] == [1, 2]
     # the columns: PASS, FAIL, known bug, N/A, untested
     assert check["details"]["table"]["rows"] == [
         ["all_gather_single_stacked", "", "f16" if failing else "", "", "", "" if failing else "f16"],
         ["all_reduce band", "", "", "", "i32", ""],
         ["all_reduce sum", "f32", "", "", "", ""],
     ]
-    assert "; FSDP2: PASS; tensor parallel: PASS (1 of 2 meshes N/A)" in check["reason"]  # a line each
+    assert check["details"]["training"] == {"FSDP2": "PASS", "tensor parallel": "PASS (1 of 2 meshes N/A)"}
     if failing:
-        assert "all_gather_single_stacked float16 - gave wrong results (suites/" in check["reason"]
+        assert check["reason"].startswith("1 cells failed, 1 cells passed, 1 N/A, first ")
+        assert "all_gather_single_stacked float16 - (suites/" in check["reason"]
         assert "(2 ranks); standalone reproduction: /r/nccl-all_gather-ws2.py)" in check["reason"]
         assert check["details"]["reproductions"] == [
             "all_gather_single_stacked float16 - (FAIL): /r/nccl-all_gather-ws2.py"
         ]
     else:
-        tried = "1 of the 2 supported cells tried and passed, none gave a wrong result."
-        assert check["reason"].endswith(tried)
+        assert check["reason"] == "1 cells passed, 1 N/A"
     assert "<td>all_reduce band</td>" in files["report.html"].read_text()
     assert "| all_reduce sum | f32 |" in files["report.md"].read_text()
 
 
-def test_a_matrix_where_no_cell_passed_verified_nothing(tmp_path):
-    """Every supported cell untested or a known bug: a WARN that says so, never PASS."""
-    data = cpu_data()
-    data["capabilities"] = capability_matrix(False)
-    data["capabilities"]["cells"][0].update(status="known bug", passed=0, known=3)
-    checks = read_json(write_report(tmp_path, data))["checks"]
-    check = next(c for c in checks if c["name"] == "capability matrix")
-    assert check["status"] == "WARN", check
-    assert "; 0 of the 2 supported cells tried and passed: nothing was verified." in check["reason"]
+def test_a_known_bug_that_fired_is_judged_and_a_run_that_tried_nothing_fails():
+    """Every supported cell a known bug: judged (it fired), as the closing verdict and the settings count
+    it; a run whose every conformance test was N/A or skipped tried no cell and fails."""
+    matrix = capability_matrix(False)
+    matrix["cells"][0].update(status="known bug", passed=0, known=3)
+    check = judge_conformance(matrix, False)
+    assert (check.status, check.reason) == ("PASS", "1 known bugs, 1 N/A")
+    check = judge_conformance(matrix, True)
+    assert check.status == "FAIL" and check.reason.startswith("every conformance test was skipped (N/A)")
+
+
+def test_a_failed_conformance_test_fails_the_check_whether_or_not_it_tried_a_cell():
+    matrix = {**capability_matrix(False), "failing_tests": [{"test": "t.py::test_layout", "status": "FAIL"}]}
+    check = judge_conformance(matrix, False)
+    assert check.status == "FAIL" and check.reason.startswith("1 test failed, 1 cells passed"), check
+    matrix["training"]["FSDP2"] = "FAIL"
+    assert judge_conformance({**matrix, "failing_tests": []}, False).reason.endswith(", FSDP2 failed")
 
 
 def test_a_report_without_conformance_tests_has_no_matrix_check(tmp_path):
     data = cpu_data()
     data["capabilities"] = None
     report = read_json(write_report(tmp_path, data))
-    assert "capability matrix" not in {c["name"] for c in report["checks"]}
+    assert "conformance" not in {c["name"] for c in report["checks"]}
     data["capabilities"] = {**capability_matrix(False), "cells": "all of them"}
     with pytest.raises(ReportError, match="capabilities.cells"):
         write_report(tmp_path, data)
@@ -429,10 +456,10 @@ def test_a_sweep_of_backend_settings_is_in_the_report(tmp_path):
         {"operation": "all_gather_single_stacked", "dtype": "float16", "reduce_op": "-", "line": line,
          "statuses": {"NCCL_PROTO=LL": "PASS", "NCCL_PROTO=LL128": "FAIL"}},
     ]  # fmt: skip
-    report = read_json(write_report(tmp_path, data))
+    report = read_json(write_report(tmp_path, judged(data, judge_conformance(matrix, False))))
     assert report["capabilities"] == matrix
-    check = next(c for c in report["checks"] if c["name"] == "capability matrix")
-    assert f"; 2 difference(s) between backend settings, first: {line}" in check["reason"]
+    check = next(c for c in report["checks"] if c["name"] == "conformance")
+    assert f", 2 difference(s) between backend settings, first: {line}" in check["reason"]
     rejected = "NCCL_PROTO=Bad: rejected (RuntimeError: unknown protocol)"
     assert check["details"]["backend_settings"] == [line, rejected]
 
@@ -441,59 +468,32 @@ def test_a_sweep_of_backend_settings_is_in_the_report(tmp_path):
     "failed, status, said",
     [
         # a skipped test beside the passes is no "every test ran": the count says how many did not
-        ((0, 0, 0), "PASS", "No test failed in any of the 3 configurations, and each ran tests (3 skipped"),
-        ((0, 4, 0), "FAIL", "Tests failed only with P=LL128 (none with P=LL and P=Simple): the backend is"),
-        ((1, 4, 2), "FAIL", "Tests failed in every one of the 3 configurations: not a fault of one setting"),
+        ((0, 0, 0), "PASS", "no test failed in any of the 3 settings, and each ran tests (3 skipped"),
+        ((0, 4, 0), "FAIL", "tests failed only with P=LL128 (none with P=LL, P=Simple): the backend is"),
+        ((1, 4, 2), "FAIL", "tests failed in every one of the 3 settings: not a fault of one setting"),
     ],
 )
 def test_the_tests_of_each_configuration_are_a_table_naming_the_setting_they_fail_under(
     tmp_path, failed, status, said
 ):
-    data = cpu_data()
-    data["tests"]["configurations"] = [
-        {"backend_env": f"P={name}", "passed": 10 - n, "failed": n, "skipped": 1}
-        for name, n in zip(("LL", "LL128", "Simple"), failed, strict=True)
-    ]
-    files = write_report(tmp_path, data)
+    names = ("P_LL", "P_LL128", "P_Simple")
+    settings = {name: Counts(10 - n, n, 1, judged=10) for name, n in zip(names, failed, strict=True)}
+    check = judge_settings(tally_of(30 - sum(failed), sum(failed), 3, **settings))
+    files = write_report(tmp_path, judged(cpu_data(), check))
     check = next(c for c in read_json(files)["checks"] if c["name"] == "backend settings")
     assert check["status"] == status and check["reason"].startswith(said), check
     assert check["details"]["table"]["rows"][1] == ["P=LL128", 10 - failed[1], failed[1], 1]
     assert f"| P=LL128 | {10 - failed[1]} | {failed[1]} | 1 |" in files["report.md"].read_text()
-    data["tests"].pop("configurations")  # a plain run: no such check
-    assert "backend settings" not in {c["name"] for c in read_json(write_report(tmp_path, data))["checks"]}
+    assert judge_settings(tally_of(30, 0)) is None  # a plain run: no such check
 
 
-def test_the_settings_check_renders_the_run_s_own_untested_verdict(tmp_path):
-    """No test passed or failed under P=LL (each a known bug that fired), yet the run judged it tested:
-    the report says what the run said, not a rule of its own; P=LL128, untested by the run, FAILs."""
-    data = cpu_data()
-    judged = {"passed": 0, "failed": 0, "skipped": 2, "unstarted": False}
-    data["tests"]["configurations"] = [{"backend_env": "P=LL", **judged, "untested": False}]
-
-    def settings_check() -> dict:
-        checks = read_json(write_report(tmp_path, data))["checks"]
-        return next(c for c in checks if c["name"] == "backend settings")
-
-    assert settings_check()["status"] == "PASS"
-    data["tests"]["configurations"].append({"backend_env": "P=LL128", **judged, "untested": True})
-    check = settings_check()
-    assert check["status"] == "FAIL" and check["reason"].startswith("Untested with P=LL128:"), check
-
-
-def test_a_configuration_none_of_whose_tests_ran_is_untested_and_fails_the_check(tmp_path):
-    """A setting whose every test was N/A (its groups rejected, or each skipped) verified nothing: the
-    settings check reads PASS only for configurations whose tests ran and passed."""
-    data = cpu_data()
-    data["tests"]["configurations"] = [
-        {"backend_env": "P=LL", "passed": 10, "failed": 0, "skipped": 0},
-        {"backend_env": "P=LL128", "passed": 0, "failed": 0, "skipped": 10},
-    ]
-    check = next(
-        c for c in read_json(write_report(tmp_path, data))["checks"] if c["name"] == "backend settings"
-    )
-    assert check["status"] == "FAIL" and check["reason"].startswith(
-        "Untested with P=LL128: none of its tests ran"
-    )
+def test_a_setting_all_of_whose_tests_are_known_bugs_is_tested_and_one_none_of_whose_ran_is_not():
+    """No test passed or failed under P=LL (each a known bug that fired), yet it was judged: tested.
+    P=LL128, whose every test was N/A (its groups rejected, or each skipped), verified nothing: FAIL."""
+    known = Counts(0, 0, 2, judged=2)
+    assert judge_settings(tally_of(0, 0, 2, P_LL=known)).status == "PASS"
+    check = judge_settings(tally_of(0, 0, 4, P_LL=known, P_LL128=Counts(0, 0, 2)))
+    assert check.status == "FAIL" and check.reason.startswith("untested: P=LL128, none of whose tests ran")
 
 
 def soak_data(values: list[float], failures: list[dict] | None = None) -> dict:
@@ -509,17 +509,22 @@ def soak_data(values: list[float], failures: list[dict] | None = None) -> dict:
     }  # fmt: skip
 
 
+def soak_report(tmp_path: Path, data: dict) -> tuple[dict, dict]:
+    """The report of a soak, its checks judged by the soak from its document (judge_soak)."""
+    files = write_report(tmp_path, judged(data, *judge_soak(data["soak"])))
+    return files, read_json(files)
+
+
 def test_a_soak_s_bandwidth_over_time_is_plotted_and_a_drift_beyond_the_tolerance_warns(tmp_path):
     data = cpu_data()
     data["soak"] = soak_data([2.0, 2.1, 1.9, 2.0, 1.8, 1.9, 1.5, 1.4, 1.5])
-    files = write_report(tmp_path, data)
-    report = read_json(files)
+    files, report = soak_report(tmp_path, data)
     by_name = {c["name"]: c for c in report["checks"]}
-    assert by_name["burn-in"]["status"] == "PASS"
-    assert by_name["burn-in"]["reason"] == (
+    assert by_name["soak"]["status"] == "PASS"
+    assert by_name["soak"]["reason"] == (
         "9 passes in 4m30s (the time was spent; first hypothesis seed 7): no test failed in any pass."
     )
-    drift = by_name["burn-in bandwidth"]
+    drift = by_name["soak bandwidth"]
     assert drift["status"] == "WARN" and report["verdict"] == "WARN", drift
     assert drift["reason"].startswith("1 of 2 benchmarks got worse over the soak beyond the tolerance of 10%")
     assert drift["details"]["table"]["rows"] == [
@@ -529,14 +534,12 @@ def test_a_soak_s_bandwidth_over_time_is_plotted_and_a_drift_beyond_the_toleranc
     html = files["report.html"].read_text()
     assert "<h2>Burn-in</h2>" in html and "9 passes of the selected tests in 270 s of the 600 asked" in html
     # steady: PASS; too few passes to tell the first third from the last: NOT JUDGED, saying so
-    data["soak"] = soak_data([2.0] * 9)
-    by_name = {c["name"]: c for c in read_json(write_report(tmp_path, data))["checks"]}
-    assert by_name["burn-in bandwidth"]["status"] == "PASS"
-    assert "none got worse from its first passes to its last" in by_name["burn-in bandwidth"]["reason"]
-    data["soak"] = soak_data([2.0, 1.0, 0.5])
-    by_name = {c["name"]: c for c in read_json(write_report(tmp_path, data))["checks"]}
-    assert by_name["burn-in bandwidth"]["status"] == "NOT JUDGED"
-    assert "too few to judge a drift" in by_name["burn-in bandwidth"]["reason"]
+    by_name = {c.name: c for c in judge_soak(soak_data([2.0] * 9))}
+    assert by_name["soak bandwidth"].status == "PASS"
+    assert "none got worse from its first passes to its last" in by_name["soak bandwidth"].reason
+    by_name = {c.name: c for c in judge_soak(soak_data([2.0, 1.0, 0.5]))}
+    assert by_name["soak bandwidth"].status == "NOT JUDGED"
+    assert "too few to judge a drift" in by_name["soak bandwidth"].reason
 
 
 def test_a_soak_s_failures_are_a_table_with_their_rate_and_replay_command(tmp_path):
@@ -547,9 +550,8 @@ def test_a_soak_s_failures_are_a_table_with_their_rate_and_replay_command(tmp_pa
                "draws": [{"seed": 9, "tries": 3, "failed": 3}],
                "kind": "fails every time its draw comes round: 3 of 3 tries at seed 9"}  # fmt: skip
     data["soak"] = {**soak_data([2.0] * 5, [failure]), "series": []}
-    files = write_report(tmp_path, data)
-    report = read_json(files)
-    check = next(c for c in report["checks"] if c["name"] == "burn-in")
+    files, report = soak_report(tmp_path, data)
+    check = next(c for c in report["checks"] if c["name"] == "soak")
     assert check["status"] == "FAIL" and report["verdict"] == "FAIL"
     assert check["reason"].startswith(
         "5 passes in 2m30s (the time was spent; first hypothesis seed 7): 1 test(s) failed, first "
@@ -558,7 +560,7 @@ def test_a_soak_s_failures_are_a_table_with_their_rate_and_replay_command(tmp_pa
     assert check["details"]["table"]["rows"] == [
         ["t.py::test_x[ws2-P=LL128]", "P=LL128", "3 of 5 passes", failure["kind"], "1m15s (pass 3)", replay]
     ]
-    assert "burn-in bandwidth" not in {c["name"] for c in report["checks"]}  # no benchmark ran
+    assert "soak bandwidth" not in {c["name"] for c in report["checks"]}  # no benchmark ran
     assert not files.get(plots.SOAK_PLOT)
     assert "No benchmark ran in the soak" in files["report.html"].read_text()
     data["soak"]["failures"][0]["failed_passes"] = 0
@@ -567,49 +569,30 @@ def test_a_soak_s_failures_are_a_table_with_their_rate_and_replay_command(tmp_pa
 
 
 @pytest.mark.parametrize(
-    "baseline, status, said",
+    "error, status, outcome, foreign, said",
     [
-        ({"available": False, "path": None, "rows": []}, "NOT JUDGED", "No benchmark baseline for this"),
-        ({"available": True, "path": "b.json", "rows": "insufficient"}, "NOT JUDGED", "None of the 2"),
-        ({"available": False, "path": None, "rows": [], "error": "baseline error: no baseline for this "
-          "topology, so nothing can be judged"}, "FAIL", "The gate could judge nothing: baseline error"),
+        ("", "NOT JUDGED", ["no baseline for cpu-2x, so no speed was compared"], None,
+         "no baseline for cpu-2x"),
+        ("", None, ["saved as run 1 of the baseline b.json"], None, "saved as run 1"),
+        ("baseline error: no baseline for this topology, so nothing can be judged", None, [], None,
+         "baseline error: no baseline"),
+        ("", "FAIL", ["a machine-wide slowdown"], None, "a machine-wide slowdown"),
+        ("", "PASS", ["2 benchmark(s) judged against b.json"], "gpu-8x",
+         "judged against a baseline of another topology (gpu-8x), as asked: 2 benchmark(s) judged"),
     ],
 )  # fmt: skip
-def test_a_baseline_check_with_nothing_judged_never_reads_pass(tmp_path, baseline, status, said):
-    """A report once read PASS, "101 benchmarks compared with the baseline: none is slower beyond noise",
-    for a run whose gate judged nothing (a baseline of one run) and exited 1."""
-    if baseline["rows"] == "insufficient":
-        row = {"baseline_median_s": 0.01, "now_median_s": 0.01, "ratio": 1.0, "verdict": "insufficient data"}
-        baseline["rows"] = [{"benchmark": f"test_x[{i}]", **row} for i in range(2)]
-    data = cpu_data()
-    data["baseline"] = baseline
-    report = read_json(write_report(tmp_path, data))
-    check = next(c for c in report["checks"] if c["name"] == "benchmark baseline")
-    assert check["status"] == status and check["reason"].startswith(said), check
-    assert report["verdict"] != "PASS"
-
-
-@pytest.mark.parametrize(
-    "gate, status, said",
-    [
-        ({"status": "FAIL", "words": "FAIL, a machine-wide slowdown", "other_topology": None}, "FAIL",
-         "The gate: FAIL, a machine-wide slowdown."),
-        ({"status": "PASS", "words": "PASS, 2 benchmark(s) judged", "other_topology": "gpu-8x"}, "PASS",
-         "Judged against a baseline of another topology (gpu-8x), as asked: PASS, 2 benchmark(s)"),
-        ({"status": "NOT JUDGED", "words": "NOT JUDGED, too few runs", "other_topology": None}, "NOT JUDGED",
-         "The gate: NOT JUDGED"),
-    ],
-)  # fmt: skip
-def test_the_baseline_check_is_the_gate_s_own_verdict(tmp_path, gate, status, said):
-    """The report renders what the gate decided, not a rule of its own: it read PASS, "none is slower
+def test_the_gate_s_check_is_its_own_verdict_and_the_report_renders_it(
+    tmp_path, error, status, outcome, foreign, said
+):
+    """The report renders what the gate decided, never a rule of its own: it read PASS, "none is slower
     beyond noise", beside a machine-wide slowdown the gate failed with exit 1 (no one benchmark was slower
-    than the rest), and PASS against another topology's baseline without saying so."""
-    row = {"baseline_median_s": 0.01, "now_median_s": 0.02, "ratio": 2.0, "verdict": "unchanged"}
-    data = cpu_data()
-    data["baseline"] = {
-        "available": True, "path": "b.json", "gate": gate,
-        "rows": [{"benchmark": f"test_x[{i}]", **row} for i in range(2)],
-    }  # fmt: skip
-    report = read_json(write_report(tmp_path, data))
-    check = next(c for c in report["checks"] if c["name"] == "benchmark baseline")
-    assert check["status"] == status and check["reason"].startswith(said), check
+    than the rest), PASS against another topology's baseline without saying so, and PASS for a run whose
+    gate judged nothing. A gate that only saved judged nothing either."""
+    (check,) = judge_gate(error, status, outcome, slower(), foreign)
+    expected = "FAIL" if error else status or "NOT JUDGED"
+    assert check.status == expected and check.reason.startswith(said), check
+    report = read_json(write_report(tmp_path, judged(cpu_data(), check)))
+    rendered = next(c for c in report["checks"] if c["name"] == "performance gate")
+    assert rendered == check.to_json()
+    assert report["verdict"] == ("FAIL" if expected == "FAIL" else "WARN")  # a CPU run's links WARN
+    assert judge_gate("", None, [], slower(), None) == []  # nothing to say: no check

@@ -7,11 +7,11 @@ from helpers import DATA, read_p2p
 
 from pytest_collectives.nodereport.judging import links
 from pytest_collectives.nodereport.judging.bandwidth import class_figures, judge_node
-from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check, NodeCheckError, overall
 from pytest_collectives.nodereport.judging.link_matrix import explain_pairs
 from pytest_collectives.nodereport.judging.links import expected_gbps
 from pytest_collectives.nodereport.judging.peers import device_outliers, link_outliers
 from pytest_collectives.topology.links import parse_topo_matrix
+from pytest_collectives.verdict import FAIL, PASS, WARN, Check, VerdictError, overall
 
 # The 8 x RTX 3090 server of the project's seed documents: NV4 pairs 0-1, 2-3, 4-5, 6-7, SYS elsewhere.
 TOPO_TEXT = (DATA / "rtx3090x8_topo_m.txt").read_text()
@@ -273,7 +273,7 @@ def test_one_direction_class_only_explained():
     ],
 )
 def test_bad_input_is_one_line_naming_the_field(call, message):
-    with pytest.raises(NodeCheckError) as info:
+    with pytest.raises(VerdictError) as info:  # NodeCheckError's base: a Check built wrong too
         call()
     assert message in str(info.value) and "\n" not in str(info.value)
 

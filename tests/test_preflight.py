@@ -10,9 +10,9 @@ import jsonschema
 import pytest
 from test_topology import FakeNvml as TopologyFakeNvml
 
-from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check
 from pytest_collectives.nodereport.judging.nvml import FACTS_SCHEMA, read_nvml, sample_throttle
 from pytest_collectives.nodereport.judging.preflight import preflight_checks
+from pytest_collectives.verdict import FAIL, PASS, WARN, Check
 
 # Values as in pynvml (nvidia-ml-py 13.x).
 NVML_ERROR_INVALID_ARGUMENT = 2

@@ -231,10 +231,11 @@ def test_the_reports_show_every_figure():
     assert table[0].split() == ["benchmark", "baseline", "now", "ratio", "vs", "machine", "spread", "detects",
                                 "verdict", "again"]  # fmt: skip
     assert table[1].startswith("bench[0]") and "regression" in table[1]  # regressions first
-    text = markdown(result, ["a line"], failed=True)
-    assert text.startswith("## collectives gate: FAILED") and "- a line" in text and "**regression**" in text
-    data = to_json(result, ["a line"], True, topology_id="cpu-x")
-    assert data["verdict"] == "fail" and data["topology_id"] == "cpu-x"
+    text = markdown(result, ["a line"], "FAIL")
+    assert text.startswith("## collectives gate: FAIL\n") and "- a line" in text and "**regression**" in text
+    data = to_json(result, ["a line"], "FAIL", topology_id="cpu-x")
+    assert (data["status"], data["verdict"], data["topology_id"]) == ("FAIL", "fail", "cpu-x")
+    assert to_json(result, [], "WARN")["verdict"] == "pass"  # report mode: only a FAIL fails
     assert {b["name"] for b in data["benchmarks"]} == set(sessions.names)
     assert all(math.isfinite(b["ratio"]) for b in data["benchmarks"])
     assert data["machine"]["compared"] == 6

@@ -148,7 +148,7 @@ def test_a_rare_corruption_gets_its_rate_and_a_replay_command(
     )  # fmt: skip
     assert failure["replay"] == found[3] and failure["kind"] in found[0]
     assert any(draw["failed"] < draw["tries"] == 3 for draw in failure["draws"]), failure["draws"]
-    check = next(c for c in report["checks"] if c["name"] == "burn-in")
+    check = next(c for c in report["checks"] if c["name"] == "soak")
     assert check["status"] == "FAIL" and f"failing in {found[1]} of {found[2]})" in check["reason"]
     command = shlex.split(found[3])
     assert command[:2] == ["pytest", TEST] and re.fullmatch(r"--hypothesis-seed=\d+", command[2]), command
@@ -178,7 +178,7 @@ def test_a_soak_s_benchmarks_are_sampled_each_pass_into_the_node_report(pytester
     assert len(times) == soak["passes"] and times == sorted(times) and times[-1] <= soak["elapsed_s"]
     assert series["unit"] == "busbw GB/s" and all(value > 0 for _, value in series["points"])
     checks = {c["name"]: c for c in json.loads((folder / "report.json").read_text())["checks"]}
-    assert checks["burn-in"]["status"] == "PASS" and "burn-in bandwidth" in checks
+    assert checks["soak"]["status"] == "PASS" and "soak bandwidth" in checks
     assert (folder / "soak_over_time.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -13,6 +13,7 @@ import json
 
 import pytest
 from helpers import run_on_backend, torch_below
+from verdict_views import assert_one_verdict
 
 pytestmark = [
     pytest.mark.slow,
@@ -102,7 +103,12 @@ ROWS = [
      ["test_overlap.py", "-rs", "-k", "gemm_reduce_scatter", "--world-sizes", "2",
       "--benchmark-max-time", "0"],
      {}, 0, "*N/A: refgloo_nccl_rules supports no reduce_scatter_single at 2 ranks"),
+    ("the gate's judge without a baseline fails, in the terminal, the node report and its own report",
+     "refgloo", [*P2P, "--fail-on-regression", "--gate-report", "gate", "--node-report", "report"], {}, 1,
+     "performance gate: FAIL, baseline error: no baseline for this topology*"),
     ("control: the clean reference backend, swept", "refgloo", [*ALL_REDUCE, *SWEEP], {}, 0, "*2 passed*"),
+    ("control: ... its node report under --benchmark-only", "refgloo",
+     [*P2P, "--benchmark-only", "--node-report", "report"], {}, 0, "node report: WARN, *report.html"),
     ("control: ... its sweep at every cell at 1 Mi", "refgloo", TIERED, {}, 0, "*1 passed*"),
     ("control: ... in the soak", "refgloo", [*ALL_REDUCE, "--soak", "2s"], {}, 0,
      "*no test failed in any pass*"),
@@ -128,5 +134,7 @@ def test_each_planted_bug_gets_its_verdict_in_each_mode(
     if "--baseline-save" in args and status:  # a run that failed is never stored as a baseline
         assert not list(pytester.path.glob("baselines/**/*.json")), out[-2000:]
     report = pytester.path / "report" / "report.json"
-    if report.exists():  # a node report never reads PASS for a run that failed
-        assert json.loads(report.read_text())["verdict"] == ("FAIL" if status else "PASS"), out[-2000:]
+    if report.exists():  # a node report never reads PASS for a run that failed, nor FAIL for one that passed
+        assert (json.loads(report.read_text())["verdict"] == "FAIL") == bool(status), out[-2000:]
+    # the terminal, the exit status and every file written give each check one status
+    assert_one_verdict(out, result.ret, pytester.path / "report", pytester.path / "gate")

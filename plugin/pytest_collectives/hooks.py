@@ -154,7 +154,7 @@ def _configure(config: pytest.Config) -> None:
     report = None
     if report_dir is not None:
         report = session_report.NodeReport(
-            config, report_dir, settings.gpus, baseline_gate, matrix, soaking, session.coverage
+            config, report_dir, settings.gpus, baseline_gate, matrix, soaking, session.tally
         )
         config.pluginmanager.register(report, "collectives-node-report")
     # the session-level hooks are the run's alone, over these parts, in one order (run.py)

@@ -26,10 +26,11 @@ def pytest_collectives_configuration_rejected(configuration: str, words: str) ->
 
 def pytest_collectives_node_checks(config: pytest.Config) -> Mapping[str, Sequence[Mapping[str, Any]]] | None:
     """Extra checks for ``--node-report``, from a vendor's plugin or a conftest (a NIC, InfiniBand or
-    firmware check): ``{namespace: [check, ...]}``, each check ``{"name", "status": "PASS" | "NOT JUDGED"
-    | "WARN" | "FAIL" (NOT JUDGED: it had nothing to judge), "reason", "details": {...} (optional)}``. They
-    land in every output of the report (HTML, Markdown, JUnit, and ``report.json`` under
-    ``extensions.<namespace>``, as ``namespace: name`` among the checks) and count toward its verdict.
+    firmware check): ``{namespace: [check, ...]}``, each check ``{"name", "status": "PASS" | "N/A" | "NOT
+    JUDGED" | "WARN" | "FAIL" (N/A: it does not apply to this node; NOT JUDGED: it had nothing to judge),
+    "reason", "details": {...} (optional)}``. They land in every output of the report (HTML, Markdown,
+    JUnit, and ``report.json`` under ``extensions.<namespace>``, as ``namespace: name`` among the checks)
+    and among the closing verdicts, and count toward its verdict; a FAIL fails the run.
     Called once, at the end of the session, in the process that writes the report; a check the schema
     rejects leaves the report unwritten, naming the field."""
 

@@ -6,6 +6,10 @@ calls, in the order written here (docs/how-it-works.md shows it). Before, each p
 own, and their order was set by ``tryfirst``, ``trylast`` and the order they were registered in, written
 down nowhere; a soak ran all its passes before the gate said it had no baseline.
 
+The run owns the verdict too: each part judges its own data into Checks (verdict.Check) once, and the run
+alone composes them, prints them and sets the exit status from them, so the terminal, the node report's
+files and the exit status cannot disagree.
+
 The modes keep their own plugins: the SPMD launcher (its veto comes after the gate's, and it exchanges
 with the other ranks at collection) and the xdist controller (it gathers the workers' parts).
 """
@@ -17,6 +21,8 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from pytest_collectives.verdict import FAIL, WARN, Check, fails
 
 if TYPE_CHECKING:
     from pytest_collectives.conformance.matrix import CapabilityMatrix
@@ -42,6 +48,7 @@ class Run:
         report: NodeReport | None = None,
     ) -> None:
         self.session, self.matrix, self.gate, self.soak, self.report = session, matrix, gate, soak, report
+        self.checks: list[Check] = []  # every part's, composed at the session's end: the run's verdict
 
     def _parts(self, *names: str) -> list[Any]:
         return [part for part in (getattr(self, name) for name in names) if part is not None]
@@ -64,28 +71,37 @@ class Run:
         return None  # pytest's own loop (or the SPMD launcher's veto, then pytest's)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        # the gate judges and saves; the session fails a configuration none of whose tests ran, the matrix
-        # a run that checked nothing; the node report then writes what they all decided
-        for part in self._parts("gate", "session", "matrix", "report"):
+        # the gate judges and saves, the matrix hands a worker's cells over; then each part's checks, the
+        # one verdict: the node report writes them beside its own, and they alone set the exit status
+        for part in self._parts("gate", "session", "matrix"):
             part.finish(session)
+        self.checks = [
+            check for part in self._parts("session", "matrix", "soak", "gate") for check in part.checks()
+        ]
+        if self.report is not None:
+            self.report.finish(session, self.checks)
+            self.checks += self.report.checks()
+        # a usage error, an interrupt or pytest's own failure keeps its status; a run that passed and a run
+        # that selected nothing (a vetoed gate) fail on a FAIL
+        quiet = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+        if fails(self.checks) and session.exitstatus in quiet:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     # trylast: after pytest-benchmark's table (some 250 columns wide), so that the verdicts close the output
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for part in self._parts("report", "soak", "gate", "matrix", "session"):
             part.summary(terminalreporter)
-        said = [part.verdict() for part in self._parts("matrix", "gate", "soak", "session", "report")]
         here = f"{terminalreporter.config.invocation_params.dir}{os.sep}"  # paths as typed: shorter
-        verdicts = [line.replace(here, "") for line in said if line]
-        if verdicts:
+        if self.checks:
             terminalreporter.section("collectives: verdicts")
-        for line in verdicts:
+        for check in self.checks:
             # read in an 80-column terminal: a long verdict wraps, its later lines indented
             text = textwrap.fill(
-                line,
+                check.line().replace(here, ""),
                 VERDICT_COLUMNS,
                 subsequent_indent="    ",
                 break_on_hyphens=False,
                 break_long_words=False,
             )
-            terminalreporter.write_line(text, red=": FAIL" in line)
+            terminalreporter.write_line(text, red=check.status == FAIL, yellow=check.status == WARN)

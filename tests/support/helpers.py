@@ -112,6 +112,9 @@ def base_data(fp: Fingerprint) -> dict:
         "collectives": collectives(1.5),
         "baseline": {"available": False, "path": None, "rows": []},
         "tests": {"passed": 12, "failed": 0, "skipped": 1, "failures": []},
+        # the run's checks, as the run judged them: the report renders them (verdicts.report_checks)
+        "run_checks": [{"name": "test run", "status": "PASS", "reason": "12 passed, 0 failed, 1 skipped",
+                        "details": {}}],
     }
 
 

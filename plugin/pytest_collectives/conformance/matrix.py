@@ -21,6 +21,8 @@ import pytest
 from pytest_collectives.atomic import write_atomic
 from pytest_collectives.backend_declarations import backend_version
 from pytest_collectives.conformance import known_bugs, rotation, tiers
+from pytest_collectives.conformance.cells import FAIL, KNOWN, NA, PASS, STATUSES, UNTESTED, short_dtype
+from pytest_collectives.conformance.judging import judge_conformance
 from pytest_collectives.conformance.mismatches import SILENT
 from pytest_collectives.conformance.mismatches import WHAT as MISMATCHED
 from pytest_collectives.conformance.settings import ConformanceSettings
@@ -28,26 +30,13 @@ from pytest_collectives.execution import configurations, left_out
 from pytest_collectives.execution.examples import KNOWN as KNOWN_EXAMPLE
 from pytest_collectives.execution.provenance import provenance
 from pytest_collectives.execution.reproductions import reproductions_in
+from pytest_collectives.verdict import Check
 
 if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
     from pytest_collectives.conformance.capabilities import Capabilities, Cell
 
-PASS, FAIL, KNOWN, NA, UNTESTED = "PASS", "FAIL", "known bug", "N/A", "untested"
 AS_TORCH = "as torch"  # capabilities.AS_TORCH: this module loads before torch
-STATUSES = (PASS, FAIL, KNOWN, NA, UNTESTED)
 _MARK = {PASS: "P", FAIL: "F", KNOWN: "K", NA: ".", UNTESTED: "-"}
-_WORDS = {PASS: "cells passed", FAIL: "cells failed", KNOWN: "known bugs", NA: "N/A"}
-_SHORT = {
-    "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "complex64": "c64",
-    "complex128": "c128", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
-    "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "bool", "float8_e4m3fn": "f8e4",
-    "float8_e5m2": "f8e5", "-": "-",
-}  # fmt: skip
-
-
-def short_dtype(name: str) -> str:
-    """f16, bf16, i32, ...: a dtype's name short enough for a column."""
-    return _SHORT.get(name, name)
 
 
 @dataclasses.dataclass
@@ -295,8 +284,6 @@ class CapabilityMatrix:
     def finish(self, session: pytest.Session) -> None:
         if self.worker:
             self.config.workeroutput["collectives_matrix"] = self.export()  # type: ignore[attr-defined]
-        elif self.checked_nothing() and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def export(self) -> dict[str, Any]:
         """The probes and tallies as plain data: what an xdist worker hands its controller (``merge``)."""
@@ -353,34 +340,17 @@ class CapabilityMatrix:
             line, before = self.resembling.get(like, (line, 0))
             self.resembling[like] = (line, before + count)
 
-    def verdict(self) -> str | None:
-        """The closing line: how the conformance cells came out, or None where no conformance test ran."""
+    def checks(self) -> list[Check]:
+        """The conformance run's check (conformance.judging); none where no conformance test ran."""
         if not self.reports() or self.worker:
-            return None
-        if self.checked_nothing():
-            return "conformance: FAIL, every conformance test was skipped (N/A); no cell was tried"
-        rows = self.rows()  # the cells alone: the rest of document() has no part in the verdict
-        statuses = [row["status"] for row in rows]
-        counts = {status: statuses.count(status) for status in (FAIL, PASS, KNOWN, NA)}
-        # a failed test fails the verdict whether or not it tried a cell (a layout, a training step)
-        failed = len(self.failed)
-        said = [f"{failed} test{'s' * (failed != 1)} failed"] if failed else []
-        said += [f"{n} {_WORDS[status]}" for status, n in counts.items() if n]
-        stacks = [stack for stack, verdict in training_verdicts(rows).items() if verdict.startswith(FAIL)]
-        said += [f"{', '.join(stacks)} failed"] if stacks else []
-        return f"conformance: {FAIL if self.failed or counts[FAIL] or stacks else PASS}, {', '.join(said)}"
+            return []
+        return [judge_conformance(self.document(), self.checked_nothing())]
 
     def summary(self, terminalreporter: Any) -> None:
         if not self.reports() or self.worker:
             return
         doc = self.document()
         terminalreporter.section("capability matrix")
-        if self.checked_nothing():
-            terminalreporter.write_line(
-                "conformance checked nothing: every conformance test was skipped (N/A), no cell was tried; "
-                "the run fails",
-                red=True,
-            )
         # a sweep's block per configuration (below) replaces the run's
         for line in grid(doc, _MARK, sep=" ")[: 1 if "configurations" in doc else None]:
             terminalreporter.write_line(line)
@@ -682,9 +652,13 @@ def tiers_line(rows: list[dict[str, Any]]) -> str:
     if len(top) > NAMED_AT_MOST:  # each cell's largest example is in --capability-json
         names = f"{len(top)} cells ('largest' in --capability-json)"
     middle = sum(TIERS[0] <= r["largest"] < TIERS[1] for r in passed)
+    # the closing verdict counts every cell that passed: name those with no size (an object's, a barrier's,
+    # a training step's), so that the two counts read as one
+    unsized = sum(r["status"] == PASS for r in rows) - len(passed)
+    others = f" ({unsized} more passed with no size recorded)" if unsized else ""
     return (
-        f"of the {len(passed)} cells that passed, at 1 Mi elements: {names or 'none'}; at 64 Ki: {middle} "
-        f"more; the other {len(passed) - len(top) - middle} at up to 97 elements only"
+        f"of the {len(passed)} cells that passed{others}, at 1 Mi elements: {names or 'none'}; at 64 Ki: "
+        f"{middle} more; the other {len(passed) - len(top) - middle} at up to 97 elements only"
     )
 
 

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from pytest_collectives.errors import OptionError
-from pytest_collectives.execution import left_out
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 Env = tuple[tuple[str, str], ...]  # a configuration's variables, in the order given
@@ -118,45 +117,6 @@ class Rejected(Exception):
         super().__init__(f"N/A with {configuration.id}: {backend} rejected it ({words})")
         self.configuration = configuration
         self.words = words
-
-
-UNSTARTED = "group_not_started"  # a report's property where the test's group did not start in its setting
-
-
-class Coverage:
-    """Which configurations of a sweep had a test run: one none of whose tests ran (each N/A, rejected or
-    skipped) is untested, and a run that asked for it fails, as a conformance run that checked nothing does.
-    Counted from the test reports (they carry ``backend_env``): an xdist controller counts its workers'."""
-
-    def __init__(self) -> None:
-        self.ran: dict[str, int] = {}  # configuration id -> tests that passed or failed in it
-        self.skipped: dict[str, str] = {}  # configuration id -> the first skip's reason (a rejection's words)
-        self.unstarted: list[str] = []  # configuration ids where a test's group did not start, in order
-
-    def add(self, report: pytest.TestReport) -> None:
-        configuration = dict(report.user_properties).get("backend_env")
-        if configuration is None or left_out.of_report(report):  # not asked to run
-            return
-        if UNSTARTED in dict(report.user_properties) and configuration not in self.unstarted:
-            self.unstarted.append(configuration)
-        # a known bug that fired (an xfail) was judged, as in the capability matrix: the setting was tested
-        judged = report.passed or hasattr(report, "wasxfail")
-        ran = report.failed or (report.when == "call" and judged)
-        self.ran[configuration] = self.ran.get(configuration, 0) + int(ran)
-        if report.skipped and isinstance(report.longrepr, tuple):
-            self.skipped.setdefault(configuration, str(report.longrepr[2]).removeprefix("Skipped: "))
-
-    def untested(self) -> list[str]:
-        return [configuration for configuration, ran in self.ran.items() if not ran]
-
-    def lines(self) -> list[str]:
-        """A line for each configuration none of whose tests ran, with why its first test did not."""
-        return [
-            f"untested with {c}: none of its tests ran"
-            + (f" ({self.skipped[c]})" if c in self.skipped else "")
-            + "; the run fails"
-            for c in self.untested()
-        ]
 
 
 def of_item(item: pytest.Item) -> Configuration:

@@ -38,6 +38,8 @@ from pytest_collectives.execution.messages import REJECTED, ExpectedFailure, Tas
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
 from pytest_collectives.execution.reproductions import drop_drafts, reproductions_folder, reproductions_in
 from pytest_collectives.execution.suite_api import PARAMS, SIZES, OnRanks
+from pytest_collectives.execution.tally import UNSTARTED, Tally, judge_settings, judge_tests
+from pytest_collectives.verdict import Check
 
 _outcome_key = pytest.StashKey[GroupOutcome]()
 
@@ -123,7 +125,7 @@ class DistributedSession:
         # the running test's (--backend-env): every group call during its set-up, call and teardown
         self.configuration = configurations.Configuration()
         self.sizes_run: dict[str, tuple[int, ...]] = {}  # node id -> world sizes its test runs at
-        self.coverage = configurations.Coverage()
+        self.tally = Tally()  # the run's one count of outcomes: every part reads it
         self.reproductions = str(reproductions_folder(config, settings))  # handed to each test's ranks
         self.reproductions_kept: set[str] = set()  # those a report named: no later test's draft
 
@@ -346,8 +348,8 @@ class DistributedSession:
         rep = report.get_result()
         failure = call.excinfo.value if call.excinfo is not None else None
         if isinstance(failure, DistributedTestFailure) and failure.outcome.unstarted:
-            # in any phase (a fixture's group too): the closing verdicts name the setting (Coverage)
-            rep.user_properties.append((configurations.UNSTARTED, "true"))
+            # in any phase (a fixture's group too): the closing verdicts name the setting (tally)
+            rep.user_properties.append((UNSTARTED, "true"))
         if call.when != "call":
             return
         outcome = item.stash.get(_outcome_key, None)
@@ -363,21 +365,19 @@ class DistributedSession:
         drop_drafts(item.stash.get(_DRAFTS, set()), rep.longreprtext, self.reproductions_kept)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.coverage.add(report)
+        self.tally.add(report)
 
     def finish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workeroutput"):  # an xdist worker: the controller prints the counts
             self.config.workeroutput["collectives_calls"] = {str(n): c for n, c in self.calls.items()}
             self.config.workeroutput["collectives_summary"] = self.launcher.summary()
-        elif self.coverage.untested() and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def verdict(self) -> str | None:
-        """The closing line where a backend setting (--backend-env) went untested or its groups did not
-        start; None otherwise."""
-        said = [f"groups did not start with {c}" for c in self.coverage.unstarted]
-        said += [f"untested: {', '.join(self.coverage.untested())}"] * bool(self.coverage.untested())
-        return f"backend settings: FAIL, {'; '.join(said)}" if said else None
+    def checks(self) -> list[Check]:
+        """The test run, and under --backend-env each backend setting, judged from the one tally."""
+        # a worker's reports reach the controller, which judges them; a collection ran nothing to judge
+        if hasattr(self.config, "workeroutput") or self.config.option.collectonly:
+            return []
+        return [judge_tests(self.tally), *filter(None, [judge_settings(self.tally)])]
 
     def summary(self, terminalreporter: Any) -> None:
         records = side_by_side.records(self.config)
@@ -387,7 +387,7 @@ class DistributedSession:
             terminalreporter.section("collectives: benchmarks per backend setting")
             for line in compared:
                 terminalreporter.write_line(line)
-        for line in self.coverage.lines():
+        for line in self.tally.untested_lines():
             terminalreporter.write_line(line, red=True)
         if self.calls:
             sizes = ", ".join(f"{n} ranks: {c}" for n, c in sorted(self.calls.items()))

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from pytest_collectives.gate.statistics import (
     DEFAULT_TOLERANCE,
     MACHINE_SLOWDOWN,
     MIN_RUNS,
+    REGRESSION,
     GateResult,
     confirm,
     judge,
@@ -48,6 +49,7 @@ from pytest_collectives.topology.detect import detect
 from pytest_collectives.topology.fingerprint import Fingerprint
 from pytest_collectives.topology.identity import topology_id
 from pytest_collectives.topology.links import TopologyError
+from pytest_collectives.verdict import FAIL, NOT_JUDGED, STATUSES, TABLE, Check
 
 SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list them all
 # What the line naming the baseline says of each statistic the gate may judge (judged_statistic)
@@ -188,8 +190,6 @@ class BaselineGate:
         if self.error:
             self.lines.append(self.error)
             self.failed = True
-        if self.failed:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.lines and self.settings.judging_first:
             self._write_reports()
 
@@ -364,7 +364,7 @@ class BaselineGate:
             )
         else:
             self.lines.append(f"{why}: nothing judged; record one with {record}")
-            self._judged_as("NOT JUDGED", why)
+            self._judged_as("NOT JUDGED", f"{why}: nothing judged; record one with {record}")
 
     def _say_machine(self, result: GateResult) -> None:
         machine = result.machine
@@ -488,7 +488,8 @@ class BaselineGate:
         return kept
 
     def _write_reports(self) -> None:
-        text = gate_report.markdown(self.result, self.lines, self.failed)
+        status = next((check.status for check in self.checks()), NOT_JUDGED)  # as the closing verdicts say
+        text = gate_report.markdown(self.result, self.lines, status)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
             with open(summary, "a", encoding="utf-8") as f:
@@ -499,7 +500,7 @@ class BaselineGate:
         data = gate_report.to_json(
             self.result,
             self.lines,
-            self.failed,
+            status,
             topology_id=topology_id(self.fingerprint) if self.fingerprint else None,
             baseline=str(self.baseline_path) if self.baseline_path else None,
             statistic=self.statistic,  # what the *_median_s figures hold: the judged statistic of the rounds
@@ -516,29 +517,14 @@ class BaselineGate:
 
     def _judged_as(self, status: str, words: str) -> None:
         """One judgement of the gate's, in its closing line; the worst of them is its status."""
-        self.outcome.append(f"{status}, {words}")
-        ranked = ("PASS", "NOT JUDGED", "WARN", "FAIL")
-        if self.status is None or ranked.index(status) > ranked.index(self.status):
+        self.outcome.append(words)
+        if self.status is None or STATUSES.index(status) > STATUSES.index(self.status):
             self.status = status
 
-    def _said(self) -> str:
-        """What the gate decided, in its words; empty where it had nothing to say."""
-        return f"FAIL, {self.error}" if self.error else "; ".join(self.outcome)
-
-    def verdict(self) -> str | None:
-        """The closing line: what the gate decided, or None where it had nothing to say."""
-        said = self._said()
-        return f"performance gate: {said}" if said else None
-
-    def judgement(self) -> dict[str, str | None] | None:
-        """What the gate decided, for the node report to render as it is, not judge again: its status
-        (PASS, NOT JUDGED, WARN, FAIL), its words, and the topology of the baseline where it is another's
-        (--baseline); None where it judged nothing."""
-        status = "FAIL" if self.error else self.status
-        if status is None:
-            return None
+    def checks(self) -> list[Check]:
+        """The gate's one check (judge_gate); none where it had nothing to say."""
         foreign = self.resolved.baseline.topology_id if self.resolved and self.resolved.foreign else None
-        return {"status": status, "words": self._said(), "other_topology": foreign}
+        return judge_gate(self.error, self.status, self.outcome, self.rows, foreign)
 
     def summary(self, terminalreporter: Any) -> None:
         if not self.lines and not self.rows:
@@ -548,3 +534,27 @@ class BaselineGate:
             terminalreporter.write_line(gate_report.format_table(self.result.rows))
         for line in self.lines:
             terminalreporter.write_line(line)
+
+
+def judge_gate(
+    error: str,
+    status: str | None,
+    outcome: Sequence[str],
+    rows: Sequence[tuple[str, Any]],
+    foreign: str | None,
+) -> list[Check]:
+    """The gate's one check: FAIL with its ``error`` (a baseline it could not use), else the worst of its
+    judgements (``status``; NOT JUDGED where it only saved, or did not), in the words of each (``outcome``),
+    naming another topology's baseline where it judged against one (``foreign``, --baseline); the
+    benchmarks it found slower (``rows``: name and comparison) are a table. None where it said nothing."""
+    words = error or "; ".join(outcome)
+    if not words:
+        return []
+    if foreign and not error:
+        words = f"judged against a baseline of another topology ({foreign}), as asked: {words}"
+    slower = sorted((-v.ratio, name) for name, v in rows if v.verdict == REGRESSION)  # slowest first
+    details: dict[str, Any] = {"compared": len(rows)}
+    if slower:
+        listed = [[name, f"{-ratio:.2f}x"] for ratio, name in slower]
+        details[TABLE] = {"columns": ["Benchmark", "Time now / baseline"], "rows": listed}
+    return [Check("performance gate", FAIL if error else status or NOT_JUDGED, words, details)]

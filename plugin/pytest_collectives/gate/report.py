@@ -63,9 +63,10 @@ def format_table(rows: Sequence[BenchVerdict]) -> str:
     )
 
 
-def markdown(result: GateResult | None, lines: Sequence[str], failed: bool) -> str:
-    """The verdict for a CI summary ($GITHUB_STEP_SUMMARY): the outcome, what was said, and the table."""
-    out = [f"## collectives gate: {'FAILED' if failed else 'passed'}", ""]
+def markdown(result: GateResult | None, lines: Sequence[str], status: str) -> str:
+    """The verdict for a CI summary ($GITHUB_STEP_SUMMARY): the gate's status (its check's, as the closing
+    verdicts say it), what was said, and the table."""
+    out = [f"## collectives gate: {status}", ""]
     out += [f"- {line}" for line in lines]
     if result and result.rows:
         out += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
@@ -82,12 +83,14 @@ def _number(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else value
 
 
-def to_json(result: GateResult | None, lines: Sequence[str], failed: bool, **context: Any) -> dict[str, Any]:
-    """The verdict for tools: every benchmark's figures (NaN as null), the machine factor, the lists."""
+def to_json(result: GateResult | None, lines: Sequence[str], status: str, **context: Any) -> dict[str, Any]:
+    """The verdict for tools: the gate's status (its check's), pass or fail (only FAIL fails), every
+    benchmark's figures (NaN as null), the machine factor, the lists."""
     machine = result.machine if result else None
     return {
         **context,
-        "verdict": "fail" if failed else "pass",
+        "status": status,
+        "verdict": "fail" if status == "FAIL" else "pass",
         "lines": list(lines),
         "threshold": result.threshold if result else None,
         "machine": None

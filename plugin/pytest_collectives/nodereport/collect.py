@@ -9,7 +9,6 @@ failures in it.
 from __future__ import annotations
 
 import datetime
-import json
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -19,14 +18,13 @@ from typing import Any, NamedTuple
 import pytest
 
 from pytest_collectives.execution.provenance import provenance
-from pytest_collectives.execution.reproductions import reproductions_in
 from pytest_collectives.gate.baseline_format import BenchmarkEntry
 from pytest_collectives.hookspecs import merged_answers
 from pytest_collectives.nodereport.judging import nvml
 from pytest_collectives.nodereport.judging.links import LOOPBACK_LINK, NETWORK_LINK
+from pytest_collectives.verdict import FAIL, NOT_JUDGED, Check
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
-MAX_LONGREPR = 4000
 
 
 class _PairGrid(NamedTuple):
@@ -160,48 +158,35 @@ class NodeReport:
         gpus: int,
         gate: Any,
         matrix: Any,
-        soak: Any = None,
-        coverage: Any = None,
+        soak: Any,
+        tally: Any,
     ) -> None:
-        """``gate`` (gate.baseline_gate.BaselineGate) holds the machine and the baseline's verdicts;
+        """``gate`` (gate.baseline_gate.BaselineGate) holds the machine and the baseline's figures;
         ``matrix`` (conformance.matrix.CapabilityMatrix) the conformance run's cells; ``soak``
-        (execution.modes.soak.Soak), under --soak, the passes; ``coverage``
-        (execution.configurations.Coverage) which backend settings went untested or did not start, as the
-        run judged them: the report renders that, never its own rule."""
+        (execution.modes.soak.Soak), under --soak, the passes; ``tally`` (execution.tally.Tally) the
+        tests' outcomes. Their verdicts come judged (`finish`): the report renders them, never a rule of
+        its own."""
         self.config, self.gate, self.matrix, self.soak = config, gate, matrix, soak
-        self.coverage = coverage
+        self.tally = tally
         self.directory = directory  # nodereport.settings.read checked it
-        self.counts = {"passed": 0, "failed": 0, "skipped": 0}
-        self.by_configuration: dict[str, dict[str, int]] = {}  # --backend-env: the counts of each
-        self.failures: list[dict[str, str]] = []
         self.written: dict[str, Path] = {}
+        self.checks_of_node: list[Check] = []  # its own checks (links, host-device, preflight, extensions)
+        self.verdict = ""  # the report's, as its files say it
         self.error = ""
         self.failed = False  # the report could not be written, which fails the run
         # NVML is read before the first test (idle GPUs) and again at the end (after load), because PCIe
         # link speed and clock throttling both change with load. A CPU run has nothing to read.
         self.preflight = nvml.read_nvml() if gpus else None
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" or report.outcome != "passed":
-            self.counts[report.outcome] += 1
-            configuration = dict(report.user_properties).get("backend_env")
-            if configuration is not None:
-                counts = self.by_configuration.setdefault(configuration, dict.fromkeys(self.counts, 0))
-                counts[report.outcome] += 1
-            if report.failed:
-                failure = {"nodeid": report.nodeid, "longrepr": report.longreprtext[-MAX_LONGREPR:]}
-                if scripts := reproductions_in(report.longreprtext):
-                    failure["reproductions"] = scripts
-                self.failures.append(failure)
-
     def collected(self, session: pytest.Session) -> None:
         # What cannot be read of the topology is a usage error before the tests, not a crash after them.
         self.gate.machine()
 
-    def finish(self, session: pytest.Session) -> None:
+    def finish(self, session: pytest.Session, run_checks: Sequence[Check]) -> None:
+        """Write the report: the data, the run's checks as the run judged them, and the node's own."""
         from pytest_collectives.gate import baseline_gate as gate
         from pytest_collectives.nodereport.outputs.schema import ReportError
-        from pytest_collectives.nodereport.outputs.write import write_report
+        from pytest_collectives.nodereport.outputs.write import build_report, write_built
         from pytest_collectives.topology.identity import link_class, topology_id
 
         if why_not := _ran_nothing(session):
@@ -229,7 +214,6 @@ class NodeReport:
                 "error": gate_plugin.error or None,
                 "path": str(gate_plugin.baseline_path) if gate_plugin.baseline_path else None,
                 "regression_threshold": 1 + gate_plugin.settings.min_effect / 2,
-                "gate": gate_plugin.judgement(),
                 "rows": [
                     {
                         "benchmark": name,
@@ -241,56 +225,46 @@ class NodeReport:
                     for name, v in gate_plugin.rows
                 ],  # fmt: skip
             },
-            "tests": {**self.counts, "failures": self.failures, **self._configurations()},
+            "tests": self.tally.document(),
             "capabilities": self._capabilities(),
             "soak": self.soak.document() if self.soak is not None and self.soak.passes else None,
+            "run_checks": [check.to_json() for check in run_checks],
         }
         try:
             data["extensions"] = extension_checks(
                 self.config.hook.pytest_collectives_node_checks(config=self.config)
             )
         except ValueError as exc:
-            self._not_written(session, exc)
+            self._not_written(exc)
             return
         try:
-            self.written = write_report(self.directory, data)
+            report, plots = build_report(data)
+            self.written = write_built(self.directory, report, plots)
         except (ReportError, OSError) as exc:
-            self._not_written(session, exc)
+            self._not_written(exc)
+            return
+        # the node's own checks come first (verdicts.report_checks), the run's after them
+        checks = [Check.from_json(c) for c in report["checks"]]
+        self.checks_of_node, self.verdict = checks[: len(checks) - len(run_checks)], report["verdict"]
 
-    def _not_written(self, session: pytest.Session, exc: Exception) -> None:
+    def _not_written(self, exc: Exception) -> None:
         self.error, self.failed = f"node report not written: {exc}", True
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def _configurations(self) -> dict[str, Any]:
-        """Under --backend-env, the tests' counts of each configuration (``configurations``)."""
-        if not self.by_configuration:
-            return {}
-        untested = set(self.coverage.untested()) if self.coverage else set()
-        unstarted = set(self.coverage.unstarted) if self.coverage else set()
-        return {
-            "configurations": [
-                {"backend_env": c, **n, "untested": c in untested, "unstarted": c in unstarted}
-                for c, n in self.by_configuration.items()
-            ]
-        }
 
     def _capabilities(self) -> dict[str, Any] | None:
         """The conformance suites' capability matrix, where a conformance test probed a group."""
         return self.matrix.document() if self.matrix.reports() else None
 
-    def verdict(self) -> str | None:
-        """The closing line: the report's own verdict and where it is, or why none was written."""
-        if self.error:  # a FAIL where not writing it failed the run, not where nothing ran to report on
-            return f"node report: {'FAIL, ' if self.failed else ''}{self.error.removeprefix('node report ')}"
+    def checks(self) -> list[Check]:
+        """The node's own checks, and the report's: its verdict (the worst of every check it holds) and
+        where it is, or why it was not written (FAIL where not writing it failed the run)."""
+        if self.error:
+            status = FAIL if self.failed else NOT_JUDGED
+            return [Check("node report", status, self.error.removeprefix("node report "))]
         if not self.written:
-            return None
-        from pytest_collectives.nodereport.outputs.write import (  # plotting's imports: lazily
-            HTML_NAME,
-            JSON_NAME,
-        )
+            return []
+        from pytest_collectives.nodereport.outputs.write import HTML_NAME  # plotting's imports: lazily
 
-        said = json.loads(self.written[JSON_NAME].read_text(encoding="utf-8"))["verdict"]
-        return f"node report: {said}, {self.written[HTML_NAME]}"
+        return [*self.checks_of_node, Check("node report", self.verdict, str(self.written[HTML_NAME]))]
 
     def summary(self, terminalreporter: Any) -> None:
         if self.written:

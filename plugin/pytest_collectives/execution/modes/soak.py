@@ -22,13 +22,14 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from pytest_collectives.bench import side_by_side
 from pytest_collectives.execution import configurations, options
+from pytest_collectives.verdict import FAIL, NOT_JUDGED, PASS, TABLE, WARN, Check
 
 PROGRESS_EVERY_S = 60.0  # a pass is said when it failed, else at most once a minute
 TRIES_AT_A_DRAW = 3  # a failing test's runs at one draw: the pass's and two more
@@ -308,17 +309,9 @@ class Soak:
             ],
         }
 
-    def verdict(self) -> str | None:
-        """The closing line: the passes made and how many of them failed."""
-        if not self.passes:
-            return None
-        failed = {number for failures in self.failures.values() for number in failures.passes}
-        if not failed:
-            return f"soak: PASS, {self.passes} pass(es) in {clock(self.elapsed())}, none failed"
-        tests = f"{len(self.failures)} test(s)"
-        return (
-            f"soak: FAIL, {len(failed)} of {self.passes} pass(es) failed ({tests}) in {clock(self.elapsed())}"
-        )
+    def checks(self) -> list[Check]:
+        """The soak's checks (judge_soak); none where it made no pass."""
+        return judge_soak(self.document()) if self.passes else []
 
     def summary(self, terminalreporter: Any) -> None:
         if not self.passes:
@@ -326,3 +319,86 @@ class Soak:
         terminalreporter.section("soak")
         for line in self.lines():
             terminalreporter.write_line(line, red=bool(self.failures))
+
+
+def judge_soak(soak: Mapping[str, Any]) -> list[Check]:
+    """The soak's two checks, from its document: the tests over its passes (FAIL where one failed in any),
+    and the benchmarks' figures over its time (WARN where one drifted beyond the tolerance; NOT JUDGED over
+    too few passes to see a drift)."""
+    passes = soak["passes"]
+    ran = (
+        f"{passes} passes in {clock(soak['elapsed_s'])} ({soak['ended']}; first hypothesis seed "
+        f"{soak['first_seed']})"
+    )
+    failures = soak["failures"]
+    if failures:
+        first = min(failures, key=lambda f: f["first_at_s"])
+        tests = Check(
+            "soak",
+            FAIL,
+            f"{ran}: {len(failures)} test(s) failed, first {first['nodeid']} at {clock(first['first_at_s'])} "
+            f"(pass {first['first_pass']}, failing in {first['failed_passes']} of {passes}); the table has "
+            f"each one's rate and the command that replays it.",
+            {
+                TABLE: {
+                    "columns": [
+                        "Test",
+                        "Backend settings",
+                        "Failed in",
+                        "At the same draw",
+                        "First at",
+                        "Replay",
+                    ],
+                    "rows": [
+                        [
+                            f["nodeid"],
+                            f["backend_env"] or "-",
+                            f"{f['failed_passes']} of {passes} passes",
+                            f["kind"] or "-",
+                            f"{clock(f['first_at_s'])} (pass {f['first_pass']})",
+                            f["replay"],
+                        ]
+                        for f in failures
+                    ],  # fmt: skip
+                }
+            },
+        )
+    else:
+        tests = Check("soak", PASS, f"{ran}: no test failed in any pass.", {"passes": passes})
+    if not soak["series"]:
+        return [tests]
+    tolerance = soak["tolerance"]
+    series = {s["benchmark"]: (s["unit"], [value for _, value in s["points"]]) for s in soak["series"]}
+    worse = side_by_side.drifted(series, tolerance)
+    longest = max(len(values) for _, values in series.values())
+    if longest < 9:
+        over = Check(
+            "soak bandwidth",
+            NOT_JUDGED,
+            f"{len(series)} benchmarks over {passes} passes: too few to judge a drift over the soak (the "
+            f"last third of the passes is compared with the first, 3 passes a third at least).",
+        )
+    elif not worse:
+        over = Check(
+            "soak bandwidth",
+            PASS,
+            f"{len(series)} benchmarks over {passes} passes: none got worse from its first passes to its "
+            f"last beyond the tolerance of {tolerance:.0%}.",
+        )
+    else:
+        over = Check(
+            "soak bandwidth",
+            WARN,
+            f"{len(worse)} of {len(series)} benchmarks got worse over the soak beyond the tolerance of "
+            f"{tolerance:.0%} (listed in the table): thermal throttling or a link training down; look at "
+            f"the GPUs' clocks and throttle reasons and the links' state.",
+            {
+                TABLE: {
+                    "columns": ["Benchmark", "Figure", "First passes", "Last passes", "Worse"],
+                    "rows": [
+                        [d.name, d.unit, f"{d.first:.3f}", f"{d.last:.3f}", f"{d.worse:.0%}"] for d in worse
+                    ],
+                }
+            },
+        )
+    return [tests, over]

@@ -29,7 +29,7 @@ from pytest_collectives.nodereport.fleet.stats import (
     judge_fleet,
 )
 from pytest_collectives.nodereport.fleet.write import write_fleet
-from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN
+from pytest_collectives.verdict import FAIL, PASS, WARN
 
 
 class _Parser(argparse.ArgumentParser):

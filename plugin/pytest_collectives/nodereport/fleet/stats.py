@@ -23,15 +23,8 @@ from typing import Any
 import numpy as np
 
 from pytest_collectives.errors import OneLineError
-from pytest_collectives.nodereport.judging.checks import (
-    PASS,
-    STATUSES,
-    Check,
-    below_peers,
-    modified_z,
-    robust,
-    status_for,
-)
+from pytest_collectives.nodereport.judging.checks import below_peers, modified_z, robust, status_for
+from pytest_collectives.verdict import PASS, STATUSES, Check
 
 DEFAULT_FAIL_BELOW = 0.75
 DEFAULT_WARN_BELOW = 0.90

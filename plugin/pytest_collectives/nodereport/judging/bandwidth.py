@@ -25,19 +25,15 @@ import numpy as np
 from pytest_collectives.nodereport.judging.checks import (
     DEFAULT_THRESHOLD,
     DEFAULT_WARN,
-    FAIL,
-    PASS,
-    WARN,
-    Check,
     NodeCheckError,
     check_levels,
-    overall,
     status_for,
 )
 from pytest_collectives.nodereport.judging.link_matrix import LinkMatrix, is_number, join_names, read_matrix
 from pytest_collectives.nodereport.judging.links import NV_LINK, PCIE_ORDER, expected_gbps, floor_advice
 from pytest_collectives.nodereport.judging.peers import MIN_PEER_PAIRS, device_outliers, link_outliers
 from pytest_collectives.topology.links import UNKNOWN_LINK
+from pytest_collectives.verdict import FAIL, PASS, WARN, Check, overall
 
 
 def class_figures(

@@ -1,4 +1,4 @@
-"""The verdict every node and fleet check returns (`Check`), its statuses, and the outlier rule they share.
+"""The outlier rule every node and fleet check shares (they return verdict.Check, as every part of a run).
 
 A figure is judged against a reference (its peers' median, a baseline, a floor): FAIL below DEFAULT_THRESHOLD
 times it, WARN below DEFAULT_WARN (`status_for`), and against peers only where it also stands out from
@@ -8,18 +8,11 @@ preflight and the fleet all speak in these terms, so a status means the same whe
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 
 from pytest_collectives.nodereport.judging.links import LOOPBACK_LINK
+from pytest_collectives.verdict import FAIL, PASS, WARN, VerdictError
 
-PASS, NOT_JUDGED, WARN, FAIL = "PASS", "NOT JUDGED", "WARN", "FAIL"
-# best first, as the gate ranks its own: a check with nothing to judge (too few GPUs to compare, too few
-# passes to see a drift, no baseline) says so and is no PASS, though nothing was found wrong either
-STATUSES = (PASS, NOT_JUDGED, WARN, FAIL)
 # The lines come from the spread healthy pairs show. In the seed 8 x RTX 3090 matrix the NV4 pairs sit within
 # 0.4% of their median and the SYS pairs (staged through host memory) within -7% and +11% (MAD 3%); +-5% noise
 # on top of that (a repeat of the measurement) still leaves every healthy pair above 0.88 x its class median.
@@ -31,42 +24,10 @@ DEFAULT_WARN = 0.9  # ... and below this one WARNs
 # the median, an outlier must stand out from the spread the class shows anyway (NUMA distance, slots).
 MODIFIED_Z = 3.5
 _MAD_SCALE = 0.6745
-# A Check whose subject is a list (e.g. the regressed benchmarks) carries it as details[TABLE], {"columns":
-# [...], "rows": [[...], ...]}, so every output shows a table rather than a paragraph of names.
-TABLE = "table"
 
 
-class NodeCheckError(ValueError):
+class NodeCheckError(VerdictError):
     """Bad input to a node check; the message is one line naming what to fix."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One verdict: `reason` is a sentence a person can act on, `details` the figures behind it.
-
-    `details["cells"]`, where present, lists the [row, column] matrix cells the check is about.
-    """
-
-    name: str
-    status: str  # PASS, NOT JUDGED, WARN or FAIL
-    reason: str
-    details: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise NodeCheckError(f"Check {self.name!r}: status must be one of {', '.join(STATUSES)}")
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def overall(checks: Sequence[Check]) -> str:
-    """The worst status among `checks` (PASS when there are none)."""
-    return max((c.status for c in checks), key=STATUSES.index, default=PASS)
-
-
-def worst_first(checks: Sequence[Check]) -> list[Check]:
-    return sorted(checks, key=lambda c: -STATUSES.index(c.status))
 
 
 def check_levels(threshold: float, warn: float) -> None:

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check
 from pytest_collectives.nodereport.judging.gpu_names import label, ngpus
+from pytest_collectives.verdict import FAIL, PASS, WARN, Check
 
 # ECC ships enabled on data-centre GPUs (Tesla, A100, H100, L40S, ...), so finding it off there means
 # someone turned it off. Workstation cards (RTX A6000 ...) ship with it off, and GeForce cards have none

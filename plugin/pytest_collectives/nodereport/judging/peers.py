@@ -18,9 +18,6 @@ import numpy as np
 from pytest_collectives.nodereport.judging.checks import (
     DEFAULT_THRESHOLD,
     DEFAULT_WARN,
-    PASS,
-    WARN,
-    Check,
     NodeCheckError,
     below_peers,
     check_levels,
@@ -30,6 +27,7 @@ from pytest_collectives.nodereport.judging.checks import (
 from pytest_collectives.nodereport.judging.link_matrix import LinkMatrix, is_number, join_names, read_matrix
 from pytest_collectives.nodereport.judging.links import HOST_ADVICE, LOOPBACK_LINK, link_advice
 from pytest_collectives.topology.links import UNKNOWN_LINK
+from pytest_collectives.verdict import PASS, WARN, Check
 
 # A class median stands for "what a healthy pair reaches" only when healthy pairs can outvote a bad one.
 MIN_PEER_PAIRS = 3

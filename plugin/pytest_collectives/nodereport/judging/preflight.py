@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check
 from pytest_collectives.nodereport.judging.gpu_names import label, labels, listed, lspci, ngpus
 from pytest_collectives.nodereport.judging.gpumemory import (
     judge_ecc,
     judge_retired_pages,
     judge_row_remapping,
 )
+from pytest_collectives.verdict import FAIL, PASS, WARN, Check
 
 # The throttle rule. NVML documents the three HW reasons as "reducing the core clocks by a factor of 2 or
 # more": a GPU under one runs every kernel at half speed or worse, so what the run measures is the cooling

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_collectives.execution.provenance import provenance_line
-from pytest_collectives.nodereport.judging.checks import STATUSES, TABLE, Check, worst_first
 from pytest_collectives.nodereport.judging.link_matrix import explain_pairs
 from pytest_collectives.nodereport.judging.links import link_meaning
 from pytest_collectives.nodereport.outputs import pages
 from pytest_collectives.nodereport.outputs.plots import BASELINE_PLOT, BUSBW_PLOT, P2P_PLOT, SOAK_PLOT
 from pytest_collectives.nodereport.outputs.schema import has_pairs, regression_threshold
 from pytest_collectives.nodereport.outputs.sizes import human_bytes
+from pytest_collectives.verdict import STATUSES, TABLE, Check, worst_first
 
 
 def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes | str]) -> str:

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 from xml.etree import ElementTree
 
-from pytest_collectives.nodereport.judging.checks import FAIL, NOT_JUDGED, TABLE, Check
+from pytest_collectives.verdict import FAIL, NA, NOT_JUDGED, TABLE, Check
 
 
 def render_junit(report: Mapping[str, Any]) -> str:
-    """The verdicts as JUnit XML, one testcase per check: FAIL is a failure, NOT JUDGED skipped; WARN passes
-    with its reason in system-out and a `status` property (JUnit has no warning outcome; a fleet dashboard
-    can filter on it)."""
+    """The verdicts as JUnit XML, one testcase per check: FAIL is a failure, N/A and NOT JUDGED skipped;
+    WARN passes with its reason in system-out and a `status` property (JUnit has no warning outcome; a fleet
+    dashboard can filter on it)."""
     checks = [Check(**c) for c in report["checks"]]
     suite = ElementTree.Element(
         "testsuite",
@@ -25,7 +25,7 @@ def render_junit(report: Mapping[str, Any]) -> str:
         tests=str(len(checks)),
         failures=str(sum(c.status == FAIL for c in checks)),
         errors="0",
-        skipped=str(sum(c.status == NOT_JUDGED for c in checks)),
+        skipped=str(sum(c.status in (NA, NOT_JUDGED) for c in checks)),
         timestamp=report["created"],
         hostname=report.get("host", ""),
     )
@@ -45,7 +45,7 @@ def render_junit(report: Mapping[str, Any]) -> str:
             failure = ElementTree.SubElement(case, "failure", message=check.reason, type=FAIL)
             failure.text = check.reason + listing
         else:
-            if check.status == NOT_JUDGED:
+            if check.status in (NA, NOT_JUDGED):
                 ElementTree.SubElement(case, "skipped", message=check.reason)
             status = ElementTree.SubElement(ElementTree.SubElement(case, "properties"), "property")
             status.set("name", "status")

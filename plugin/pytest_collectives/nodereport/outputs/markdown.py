@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_collectives.execution.provenance import provenance_line
-from pytest_collectives.nodereport.judging.checks import TABLE, Check, worst_first
+from pytest_collectives.verdict import TABLE, Check, worst_first
 
 
 def _md(value: Any) -> str:

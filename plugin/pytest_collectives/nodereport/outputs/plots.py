@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from pytest_collectives.gate.statistics import IMPROVEMENT, INSUFFICIENT_DATA, REGRESSION, UNCHANGED
-from pytest_collectives.nodereport.judging.checks import FAIL, PASS, WARN, Check
 from pytest_collectives.nodereport.outputs.schema import has_pairs, regression_threshold
 from pytest_collectives.nodereport.outputs.sizes import human_bytes
+from pytest_collectives.verdict import FAIL, PASS, WARN, Check
 
 P2P_PLOT, BUSBW_PLOT, BASELINE_PLOT = "p2p_bandwidth.png", "busbw_vs_size.png", "baseline_comparison.png"
 SOAK_PLOT = "soak_over_time.png"

@@ -40,8 +40,9 @@
       }
     }
 
-The checks are computed from the data (verdicts.report_checks), not passed in, so the verdict at the top of
-a report always follows from the data in it. `report.json` is the data plus `schema_version`, `verdict`,
+The node's own checks are judged from the data (verdicts.node_checks); the run's come in it as the run
+judged them (``run_checks``), so the verdict at the top of a report is the terminal's and the exit
+status's. `report.json` is the data plus `schema_version`, `verdict`,
 `checks` and `plots` (schema.REPORT_SCHEMA), validated before anything is written; this module builds it and
 writes it with the other outputs, each rendered by a module of its own: html.py (report.html), junit.py
 (report.xml), markdown.py (report.md) and plots.py (the PNG files). A run whose suites failed still gets a
@@ -57,13 +58,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_collectives.atomic import write_atomic
-from pytest_collectives.nodereport.judging.checks import overall
 from pytest_collectives.nodereport.judging.verdicts import report_checks
 from pytest_collectives.nodereport.outputs.html import render_html
 from pytest_collectives.nodereport.outputs.junit import render_junit
 from pytest_collectives.nodereport.outputs.markdown import render_markdown
 from pytest_collectives.nodereport.outputs.plots import draw_plots
 from pytest_collectives.nodereport.outputs.schema import REPORT_SCHEMA, validate, validate_data
+from pytest_collectives.verdict import overall
 
 SCHEMA_VERSION = 1
 JSON_NAME, HTML_NAME, JUNIT_NAME, MARKDOWN_NAME = "report.json", "report.html", "report.xml", "report.md"
@@ -101,7 +102,13 @@ def write_report(directory: str | os.PathLike[str], data: Mapping[str, Any]) -> 
     Nothing is written when `data` is invalid (ReportError, one line naming the field). Each file is replaced
     atomically; a plot skipped this time is removed, so a reused folder never shows a stale one.
     """
-    report, plots = build_report(data)
+    return write_built(directory, *build_report(data))
+
+
+def write_built(
+    directory: str | os.PathLike[str], report: Mapping[str, Any], plots: Mapping[str, bytes | str]
+) -> dict[str, Path]:
+    """Write what build_report made: ``write_report`` for a caller that reads the report it writes."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
