@@ -333,6 +333,7 @@ def test_a_setting_whose_tests_are_all_known_bugs_was_tested() -> None:
     tally.add(report("P=LL", wasxfail="known gloo bug: strided reduce_scatter"))
     tally.add(report("P=LL128", longrepr=("t.py", 1, "Skipped: N/A: acme supports no reduce_scatter")))
     assert tally.untested() == ["P=LL128"]
+    assert (tally.counts.xfailed, tally.counts.skipped) == (1, 1)  # as pytest's summary counts them
     assert tally.untested_lines() == [
         "untested with P=LL128: none of its tests ran (N/A: acme supports no reduce_scatter); the run fails"
     ]

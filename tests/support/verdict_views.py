@@ -62,10 +62,20 @@ def report_views(folder: Path) -> dict[str, dict[str, str]]:
     return views
 
 
+def counted(text: str) -> dict[str, int]:
+    """``3 passed, 1 error, 2 xfailed``: outcome -> count (``error`` as ``errors``)."""
+    found = re.finditer(r"(\d+) (passed|failed|errors?|skipped|xfailed)\b", text)
+    return {("errors" if m[2].startswith("error") else m[2]): int(m[1]) for m in found}
+
+
 def assert_one_verdict(out: str, ret: int, folder: Path | None = None, gate: Path | None = None) -> None:
     """The terminal's closing verdicts, the exit status and every file the run wrote give each check one
-    status: a FAIL wherever the run failed, and none where it passed."""
+    status: a FAIL wherever the run failed, and none where it passed; the test run's counts are pytest's."""
     said = terminal(out)
+    if "test run" in said:
+        line = next(line for line in out.splitlines() if line.startswith("test run: "))
+        final = [line for line in out.splitlines() if re.match(r"=+ .* in [\d.]+s", line)][-1]
+        assert counted(line) == counted(final.split(" in ")[0]), (line, final)
     if ret in (0, 1):
         assert (ret == 1) == ("FAIL" in said.values()), (ret, said)
     if folder is not None and (folder / "report.json").exists():

@@ -258,7 +258,8 @@ def group_call_script(call: FailingCall, op: str, found: str, written_from: str)
     takes none), rooted at group rank ``call.root`` where it has a root."""
     members = list(call.members or range(call.world_size))
     body = GROUP_CALL_LINES[call.name].format(members=members, op=op)
-    title = f"{call.backend}: {call.name} {op} on ranks {members} of {call.world_size}".replace("  ", " ")
+    named = " ".join(filter(None, (call.name, op)))
+    title = f"{call.backend}: {named} on ranks {members} of {call.world_size}"
     lines = GROUP_LINES.format(members=members, body=body)
     return _script(call, f"{title}, {call.dtype}", lines, found, written_from, op)
 

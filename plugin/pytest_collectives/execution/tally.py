@@ -25,13 +25,17 @@ UNSTARTED = "group_not_started"  # a report's property where the test's group di
 @dataclasses.dataclass
 class Counts:
     passed: int = 0
-    failed: int = 0
-    skipped: int = 0  # N/A, skipped, and known bugs that fired
+    failed: int = 0  # in any phase
+    errors: int = 0  # of those, in set-up or teardown: pytest's "errors"
+    skipped: int = 0  # N/A and skipped
+    xfailed: int = 0  # known bugs that fired, as pytest counts them
     judged: int = 0  # passed, failed, or a known bug that fired: what a rule about tests that ran reads
 
     def add(self, report: pytest.TestReport) -> None:
         if _counted(report):
-            setattr(self, report.outcome, getattr(self, report.outcome) + 1)
+            outcome = "xfailed" if _fired(report) else report.outcome
+            setattr(self, outcome, getattr(self, outcome) + 1)
+            self.errors += report.failed and report.when != "call"
         # a failure in any phase was judged; a known bug that fired was judged, as a pass is
         self.judged += report.failed or (report.when == "call" and (report.passed or _fired(report)))
 
@@ -98,7 +102,8 @@ class Tally:
 
 
 def _plain(counts: Counts) -> dict[str, int]:
-    return {"passed": counts.passed, "failed": counts.failed, "skipped": counts.skipped}
+    """The counts the node report holds (``failed`` in any phase; ``judged`` is the rules' own)."""
+    return {name: getattr(counts, name) for name in ("passed", "failed", "skipped", "xfailed")}
 
 
 def _message(longrepr: str, most: int = 200) -> str:
@@ -109,10 +114,17 @@ def _message(longrepr: str, most: int = 200) -> str:
 
 
 def judge_tests(tally: Tally) -> Check:
-    """The tests' outcomes as one check: FAIL where one failed, WARN where none passed (nothing was
-    verified), with the failing tests as a table, each with its message and the scripts it wrote."""
+    """The tests' outcomes as one check, counted in pytest's words: FAIL where one failed, WARN where none
+    passed (nothing was verified), with the failing tests as a table, each with its message and the
+    scripts it wrote."""
     counts = _plain(tally.counts)
-    summary = ", ".join(f"{n} {outcome}" for outcome, n in counts.items() if n)
+    words = {**counts, "failed": tally.counts.failed - tally.counts.errors, "errors": tally.counts.errors}
+    order = ("passed", "failed", "errors", "skipped", "xfailed")
+    summary = ", ".join(
+        f"{words[outcome]} {'error' if outcome == 'errors' and words[outcome] == 1 else outcome}"
+        for outcome in order
+        if words[outcome]
+    )
     if tally.counts.failed:
         # the table lands in every output (terminal, md, xml, html): the tracebacks are the HTML's alone
         listed = {
