@@ -47,7 +47,7 @@ def judged(data: dict, *checks: Check) -> dict:
 def tally_of(passed: int, failed: int, skipped: int = 0, failures: tuple = (), **settings: Counts) -> Tally:
     """The run's tally of outcomes (execution.tally), as its test reports would make it."""
     tally = Tally()
-    tally.counts = Counts(passed, failed, skipped, judged=passed + failed)
+    tally.counts = Counts(passed=passed, failed=failed, skipped=skipped, judged=passed + failed)
     tally.failures = list(failures)
     tally.by_configuration = {name.replace("_", "="): counts for name, counts in settings.items()}
     return tally
@@ -477,7 +477,10 @@ def test_the_tests_of_each_configuration_are_a_table_naming_the_setting_they_fai
     tmp_path, failed, status, said
 ):
     names = ("P_LL", "P_LL128", "P_Simple")
-    settings = {name: Counts(10 - n, n, 1, judged=10) for name, n in zip(names, failed, strict=True)}
+    settings = {
+        name: Counts(passed=10 - n, failed=n, skipped=1, judged=10)
+        for name, n in zip(names, failed, strict=True)
+    }
     check = judge_settings(tally_of(30 - sum(failed), sum(failed), 3, **settings))
     files = write_report(tmp_path, judged(cpu_data(), check))
     check = next(c for c in read_json(files)["checks"] if c["name"] == "backend settings")
