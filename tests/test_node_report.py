@@ -551,7 +551,8 @@ def test_a_soak_s_failures_are_a_table_with_their_rate_and_replay_command(tmp_pa
     failure = {"nodeid": "t.py::test_x[ws2-P=LL128]", "backend_env": "P=LL128", "failed_passes": 3,
                "first_pass": 3, "first_at_s": 75.5, "replay": replay,
                "draws": [{"seed": 9, "tries": 3, "failed": 3}],
-               "kind": "fails every time its draw comes round: 3 of 3 tries at seed 9"}  # fmt: skip
+               "kind": "fails every time its draw comes round, and its replay fails: 3 of 3 tries at seed 9",
+               "replay_exit_status": 1}  # fmt: skip
     data["soak"] = {**soak_data([2.0] * 5, [failure]), "series": []}
     files, report = soak_report(tmp_path, data)
     check = next(c for c in report["checks"] if c["name"] == "soak")

@@ -21,7 +21,7 @@ from helpers import copy_checkout, run_on_backend, torch_below
 
 from pytest_collectives.bench import side_by_side
 from pytest_collectives.execution import configurations, options
-from pytest_collectives.execution.modes.soak import clock, replay
+from pytest_collectives.execution.modes.soak import Failures, Replayed, clock, replay, run_replay, typed_from
 from pytest_collectives.execution.options import duration
 
 # one distributed conformance test, at 2 ranks: a pass takes about a second on the 2-core machine
@@ -66,6 +66,42 @@ def test_the_times_and_the_replay_command_read_plainly() -> None:
     assert shlex.split(pinned)[-2:] == whole
 
 
+@pytest.mark.parametrize(
+    "tries, exit_status, label",
+    [
+        ((3, 3), 1, "fails every time its draw comes round, and its replay fails: 3 of 3 tries at seed 5, 3"),
+        ((1,), 1, "fails when its groups are new: its replay fails, the soaked groups only sometimes (1 of"),
+        ((3,), 0, "fails every time in the soaked groups (3 of 3 tries at seed 5) but its replay, on fresh"),
+        ((3, 2), 0, "intermittent, fails sometimes at the same draw: 3 of 3 tries at seed 5, 2 of 3 tries"),
+        ((3,), 4, "3 of 3 tries at seed 5; its replay did not run to a verdict: exit status 4, its last"),
+        ((3,), None, "3 of 3 tries at seed 5; its replay did not run to a verdict: it ran past"),
+    ],
+)
+def test_a_failure_is_labelled_by_its_tries_and_what_its_replay_did(
+    tries: tuple[int, ...], exit_status: int | None, label: str
+) -> None:
+    said = "it ran past 15m00s" if exit_status is None else f"exit status {exit_status}, its last line: x"
+    failures = Failures(draws=dict(zip((5, 6), tries, strict=False)), replayed=Replayed(exit_status, said))
+    assert failures.kind().startswith(label), failures.kind()
+    assert Failures().kind() == ""  # never tried again: no label
+
+
+def test_a_replay_names_the_test_as_typed_where_the_soak_was() -> None:
+    test = "suites/conformance/t.py::test_x[ws2]"
+    assert typed_from(test, "/repo", "/repo") == test
+    assert typed_from(test, "/repo", "/repo/suites") == "conformance/t.py::test_x[ws2]"
+    assert typed_from(test, "/repo", "/elsewhere") == "../repo/suites/conformance/t.py::test_x[ws2]"
+
+
+def test_a_replay_runs_as_printed_in_the_folder_it_was_typed_in(tmp_path) -> None:
+    (tmp_path / "test_x.py").write_text("def test_passes():\n    pass\n\ndef test_fails():\n    assert 0\n")
+    assert run_replay("pytest test_x.py::test_passes -p no:cacheprovider", tmp_path).passed
+    assert run_replay("pytest test_x.py::test_fails -p no:cacheprovider", tmp_path).failed
+    # a command that cannot run says how it ended, not a pass or a failure
+    missing = run_replay("pytest test_x.py::test_absent -p no:cacheprovider", tmp_path)
+    assert not missing.passed and not missing.failed and missing.said.startswith("exit status 4, ")
+
+
 def test_a_benchmark_that_got_worse_over_the_passes_is_a_warning() -> None:
     steady = [("b.py::test_ar[ws2]", {"busbw_GBps": 2.0})] * 9
     falling = [
@@ -93,7 +129,8 @@ def test_a_node_that_wears_out_passes_one_run_and_fails_the_soak_which_says_when
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """float32 all_reduce turns wrong after 100 calls on a rank: one pass (some 10 to 40 such calls) passes,
-    the soak fails from a later pass on, in the same group, and says from which pass and when."""
+    the soak fails from a later pass on, in the same group, and says from which pass and when, and that its
+    replay (a fresh process) passes."""
     monkeypatch.setenv("ACME_WEAR_CALLS", "100")
     plain = run_on_backend(pytester, "mutant_wrong_after_wear", TEST, "--hypothesis-seed=1", **ONE_TEST)
     assert plain.ret == 0, plain.stdout.str()[-3000:]
@@ -109,8 +146,13 @@ def test_a_node_that_wears_out_passes_one_run_and_fails_the_soak_which_says_when
     assert found, out[-3000:]
     failed, passes, first = int(found[1]), int(found[2]), int(found[4])
     assert 2 <= first <= passes and failed == passes - first + 1, out[-3000:]  # worn out: every pass after
-    # tried again at once at its draw, it fails every time: a deterministic bug, not an intermittent one
-    assert re.fullmatch(r"fails every time its draw comes round: 3 of 3 tries at seed \d+(, .*)?", found[5])
+    # tried again at once at its draw, it fails every time: not an intermittent bug; and its replay, a
+    # fresh process, passes: the label says so, and that the bug builds up
+    assert re.fullmatch(
+        r"fails every time in the soaked groups \(3 of 3 tries at seed \d+(, 3 of 3 .*)?\) but its replay, "
+        r"on fresh groups, passes: a fault that builds up over the soak .*",
+        found[5],
+    ), found[5]
     assert re.search(r"^soak: \d+ pass\(es\) in \S+, the time was spent; first seed \d+$", out, re.M)
     assert "collectives: 1 worker group(s) started" in out  # the passes shared their group
     assert not unshown(
@@ -119,6 +161,32 @@ def test_a_node_that_wears_out_passes_one_run_and_fails_the_soak_which_says_when
     # a repeated failure is one line, not its whole report again
     assert len(re.findall(r"^_+ test_all_reduce_matches_exact_reference", out, re.M)) == failed
     assert len(re.findall(r"^failed again in pass", out, re.M)) == failed - 1
+
+
+@python_backends
+def test_a_bug_of_new_groups_is_labelled_by_its_replay_which_fails(pytester: pytest.Pytester) -> None:
+    """float32 all_reduce wrong in a rank's first call: the soak's first pass fails, its tries in the kept
+    group pass, and its replay (a fresh process, as printed) fails. It is a bug of new groups, not an
+    intermittent one: the label says what the replay does, and the replay does it."""
+    soak = run_on_backend(pytester, "mutant_wrong_while_cold", TEST, "--soak", "3s", **ONE_TEST)
+    out = soak.stdout.str()
+    assert soak.ret == 1, out[-3000:]
+    found = re.search(
+        rf"^  {re.escape(TEST)} failed in 1 of (\d+) passes, first at \S+ \(pass 1\); (.+); replay: (.+)$",
+        out,
+        re.M,
+    )
+    assert found, out[-3000:]
+    assert found[2].startswith(
+        "fails when its groups are new: its replay fails, the soaked groups only sometimes (1 of 3 tries at "
+        "seed "
+    ), found[2]
+    replayed = subprocess.run(
+        [sys.executable, "-m", *shlex.split(found[3]), "-p", "no:cacheprovider"], cwd=pytester.path,
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert replayed.returncode == 1, replayed.stdout[-3000:]
 
 
 @python_backends
@@ -152,12 +220,10 @@ def test_a_rare_corruption_gets_its_rate_and_a_replay_command(
     assert check["status"] == "FAIL" and f"failing in {found[1]} of {found[2]})" in check["reason"]
     command = shlex.split(found[3])
     assert command[:2] == ["pytest", TEST] and re.fullmatch(r"--hypothesis-seed=\d+", command[2]), command
-    collected = subprocess.run(
-        [sys.executable, "-m", *command, "--collect-only", "-q", "-p", "no:cacheprovider"],
-        cwd=pytester.path, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )  # fmt: skip
-    assert collected.returncode == 0 and f"{TEST}\n" in collected.stdout, collected.stdout + collected.stderr
+    # the soak ran that command as printed: it collected and ran the test, which passed (the draw's
+    # corruption is not met on fresh groups), so the label says intermittent
+    assert failure["replay_exit_status"] == 0
+    assert found[0].endswith(f"; its replay passed; replay: {found[3]}"), found[0]
 
 
 def test_a_soak_s_benchmarks_are_sampled_each_pass_into_the_node_report(pytester: pytest.Pytester) -> None:

@@ -4,15 +4,19 @@ Every path to a verdict (a group start under a setting, a refused example, a tim
 xdist, the node report, the 1 Mi tier a time budget sizes and a soak's replay of it) once had its own
 rule, and a broken backend passed through some of them. Each row here is one of those findings (issue 54
 on, the tier's issue 56), run as a user types it, in a session of its own; each failed before its fix. The
-last rows are the controls: the clean reference backend passes every mode.
+last rows are the controls: the clean reference backend passes every mode. The same bugs under torchrun
+(SPMD mode: pytest on every rank, rank 0 reporting) follow, at 2 and 3 ranks.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
-from helpers import run_on_backend, torch_below
+from helpers import SUITES, SUPPORT, copy_conformance, run_on_backend, torch_below
 from verdict_views import assert_one_verdict
 
 pytestmark = [
@@ -73,6 +77,11 @@ ROWS = [
     ("a fault at the first group start only, in the soak", "mutant_faults_at_first_start",
      [*ALL_REDUCE, "--soak", "2s"], {"ACME_START_FAULT_FILE": "{tmp}/faulted"}, 1,
      "*failed to start 1 of 2 times*"),
+    ("a bug of new groups, in the soak, is labelled by its replay, which fails", "mutant_wrong_while_cold",
+     [*ALL_REDUCE, "--soak", "2s"], {}, 1, "*failed in 1 of * passes*; fails when its groups are new: its "
+     "replay fails, the soaked groups only sometimes (1 of 3 tries at seed *"),
+    ("... at 2 ranks", "mutant_wrong_while_cold", [*ALL_REDUCE, "--soak", "2s", "--world-sizes", "2"], {}, 1,
+     "*failed in 1 of * passes*; fails when its groups are new: its replay fails, *"),
     ("... under xdist", "mutant_faults_at_first_start", [*ALL_REDUCE, "-n", "2"],
      {"ACME_START_FAULT_FILE": "{tmp}/faulted"}, 1, "*failed to start 1 of 2 times*"),
     ("a refused example hides no other", "mutant_coalesced_int32_refused_float64_wrong",
@@ -138,3 +147,44 @@ def test_each_planted_bug_gets_its_verdict_in_each_mode(
         assert (json.loads(report.read_text())["verdict"] == "FAIL") == bool(status), out[-2000:]
     # the terminal, the exit status and every file written give each check one status
     assert_one_verdict(out, result.ret, pytester.path / "report", pytester.path / "gate")
+
+
+# (row, backend, arguments, environment, ranks, exit status, a line the output must hold)
+SPMD_ROWS = [
+    ("timed receives whose repeat calls land their first 16 elements, at 2 ranks",
+     "mutant_lands_part_on_repeat", P2P, {"ACME_PART": "first-16"}, 2, 1, "*= 1 failed, *"),
+    ("float32 all_reduce wrong on every call, at 3 ranks (and 2, a subgroup), in the node report",
+     "mutant_wrong_after_wear", [*ALL_REDUCE, "--node-report", "report"], {"ACME_WEAR_CALLS": "0"}, 3, 1,
+     "*= 2 failed, *"),
+    ("control: the clean reference backend's timed transfers, at 2 ranks", "refgloo", P2P, {}, 2, 0,
+     "*= 1 passed, *"),
+    ("control: ... its all_reduce at 3 ranks (and 2), in the node report", "refgloo",
+     [*ALL_REDUCE, "--node-report", "report"], {}, 3, 0, "*= 2 passed, *"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "backend, args, env, ranks, status, line",
+    [row[1:] for row in SPMD_ROWS],
+    ids=[row[0] for row in SPMD_ROWS],
+)
+def test_each_planted_bug_gets_its_verdict_under_torchrun(
+    pytester: pytest.Pytester, backend, args, env, ranks, status, line
+) -> None:
+    copy_conformance(pytester.path, ("test_all_reduce.py", "test_operations.py"))
+    for path in (SUITES / "perf").glob("*.py"):
+        (pytester.path / path.name).write_text(path.read_text())
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    command = [*launcher, "-m", "pytest", "--backend-module", "mutant_backends", "--backend", backend,
+               "--dist-timeout", "60", "-p", "no:cacheprovider", *args]  # fmt: skip
+    run = subprocess.run(
+        command, cwd=pytester.path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(SUPPORT), "GLOO_SOCKET_IFNAME": "lo", "ACME_PROTO": "", **env},
+    )  # fmt: skip
+    out = run.stdout
+    assert run.returncode == status, (out + run.stderr)[-4000:]
+    assert f"collectives: SPMD mode (torchrun), {ranks} ranks on 1 node(s)" in out, out[-4000:]
+    pytest.LineMatcher(out.splitlines()).fnmatch_lines([line])
+    report = pytester.path / "report" / "report.json"
+    assert report.exists() == ("--node-report" in args), out[-2000:]
+    assert_one_verdict(out, run.returncode, pytester.path / "report")

@@ -847,6 +847,27 @@ class WrongAfterWear(ReferenceBackend):
         return work
 
 
+class WrongWhileCold(ReferenceBackend):
+    """float32 all_reduce wrong (its first element changed) in a rank's first call of 16 elements or
+    more (the capability probes' are smaller): a buffer set up lazily, read before it is. Deterministic:
+    every fresh start meets it, and a soak's kept groups meet it once, in their first pass; tried again
+    there, it passes."""
+
+    name = "mutant_wrong_while_cold"
+    calls = 0  # the process's, over every group it made
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        work = super().allreduce(tensors, opts)
+        if tensors[0].dtype == torch.float32 and tensors[0].numel() >= 16:
+            WrongWhileCold.calls += 1
+            if WrongWhileCold.calls == 1:
+                work.wait()
+                first = tensors[0].view(-1)[:1]
+                # changed whatever it holds: +1 is lost on a large float, and on inf or NaN
+                first.copy_(torch.where(first.isfinite(), first + first.abs().clamp(min=1.0), 0.0))
+        return work
+
+
 class WrongOnceInThousands(ReferenceBackend):
     """float32 all_reduce is wrong (its first element changed) in one call of ACME_ONE_IN (default 3000) on
     average, at random: an intermittent corruption a single run seldom meets. ACME_ONE_IN_SEED fixes the
@@ -1082,6 +1103,7 @@ MUTANTS = [
     RejectsOneProtocolAtOneSize,
     FaultsAtFirstStart,
     WrongAfterWear,
+    WrongWhileCold,
     WrongOnceInThousands,
     ReduceScatterInItsInput,
     AllGatherThroughItsInput,

@@ -10,16 +10,22 @@ that failed, how often, when first, and a command that replays it.
 A test that fails in a pass is tried again at once at the same draw (the pass's seed: the same sizes and
 examples), for its first failing draws: a bug that fails every time its draw comes round is told from one
 that fails sometimes on the same draw, with the rate per draw. A deterministic bug of a rotating tier
-fails one pass in five, as an intermittent one might; its tries fail every time.
+fails one pass in five, as an intermittent one might; its tries fail every time. The tries run in the
+soaked groups, and its replay command runs as printed, in a pytest of its own on fresh groups: a bug is
+labelled by what its replay does, so a bug of a group's first calls (its tries pass, its replay fails) or
+of wear (its tries fail, its replay passes) is not called intermittent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 import shlex
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -35,6 +41,7 @@ PROGRESS_EVERY_S = 60.0  # a pass is said when it failed, else at most once a mi
 TRIES_AT_A_DRAW = 3  # a failing test's runs at one draw: the pass's and two more
 # a test's first failing draws tried again: each replays the example database's failures and shrinks
 DRAWS_TRIED = 2
+REPLAY_TIMEOUT_S = 900.0  # a replay is one test: one that runs longer has hung
 
 
 def clock(seconds: float) -> str:
@@ -53,15 +60,74 @@ class Failures:
     first_at: float = 0.0  # seconds into the soak
     seed: int = 0  # the first failing pass's hypothesis seed
     draws: dict[int, int] = dataclasses.field(default_factory=dict)  # a seed tried again: its failed tries
+    replayed: Replayed | None = None  # its replay command at ``seed``, run as printed
 
     def kind(self) -> str:
-        """Whether the test's failing draws failed every time they were tried, and the rate per draw."""
-        rates = ", ".join(f"{n} of {TRIES_AT_A_DRAW} tries at seed {seed}" for seed, n in self.draws.items())
+        """What the test's failing draws did when tried again in the soaked groups, with the rate per draw,
+        and what its replay did on fresh ones: the label a vendor files the bug under."""
         if not self.draws:
             return ""
-        if all(n == TRIES_AT_A_DRAW for n in self.draws.values()):
-            return f"fails every time its draw comes round: {rates}"
-        return f"intermittent, fails sometimes at the same draw: {rates}"
+        rates = ", ".join(f"{n} of {TRIES_AT_A_DRAW} tries at seed {seed}" for seed, n in self.draws.items())
+        every = all(n == TRIES_AT_A_DRAW for n in self.draws.values())
+        replayed = self.replayed
+        if replayed is None:  # the soak ended (Ctrl-C) before its replay ran
+            return f"fails every time its draw comes round: {rates}" if every else (
+                f"intermittent, fails sometimes at the same draw: {rates}"
+            )
+        if replayed.failed and every:
+            return f"fails every time its draw comes round, and its replay fails: {rates}"
+        if replayed.failed:
+            return (
+                f"fails when its groups are new: its replay fails, the soaked groups only sometimes "
+                f"({rates}): a bug of a group's first calls, or an intermittent one"
+            )
+        if replayed.passed and every:
+            return (
+                f"fails every time in the soaked groups ({rates}) but its replay, on fresh groups, passes: a "
+                "fault that builds up over the soak (wear, heat, or state earlier calls left); soak again to "
+                "meet it"
+            )
+        if replayed.passed:
+            return f"intermittent, fails sometimes at the same draw: {rates}; its replay passed"
+        return f"{rates}; its replay did not run to a verdict: {replayed.said}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Replayed:
+    """What a replay command did, run as printed."""
+
+    exit_status: int | None  # None: it ran past REPLAY_TIMEOUT_S
+    said: str  # its last line
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_status == pytest.ExitCode.OK
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_status == pytest.ExitCode.TESTS_FAILED
+
+
+def run_replay(command: str, folder: str | os.PathLike[str]) -> Replayed:
+    """``command`` (a replay line, ``pytest ...``) run as a user types it in ``folder``, with this
+    interpreter; the modules this process imports on its path (a backend module a test put there)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", *shlex.split(command)], cwd=folder, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=REPLAY_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return Replayed(None, f"it ran past {clock(REPLAY_TIMEOUT_S)}")
+    said = [line.strip() for line in done.stdout.splitlines() if line.strip()][-1:] or [""]
+    return Replayed(done.returncode, f"exit status {done.returncode}, its last line: {said[0]}")
+
+
+def typed_from(nodeid: str, rootdir: str | os.PathLike[str], here: str | os.PathLike[str]) -> str:
+    """``nodeid`` (its path relative to the rootdir, as pytest names tests) as typed in the folder ``here``
+    pytest was started in: the replay runs where the soak was typed."""
+    path, sep, rest = nodeid.partition("::")
+    return os.path.relpath(os.path.join(rootdir, path), here) + sep + rest
 
 
 def replay(
@@ -209,6 +275,8 @@ class Soak:
             self.session.begin(item)
             failed += any(report.failed for report in runtestprotocol(item, nextitem=nextitem, log=False))
         found.draws[seed] = failed
+        if found.replayed is None:
+            found.replayed = run_replay(self.replay_of(item.nodeid), self.config.invocation_params.dir)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -240,27 +308,36 @@ class Soak:
             if self.passes not in found.passes:
                 found.passes.append(self.passes)
 
+    def replay_of(self, nodeid: str) -> str:
+        """The command that replays a failed test at its first failing draw."""
+        item = self.items.get(nodeid)
+        configuration = configurations.of_item(item) if item else configurations.Configuration()
+        callspec = getattr(item, "callspec", None)
+        world_size = callspec.params.get("world_size") if callspec else None
+        here = self.config.invocation_params.dir
+        return replay(
+            typed_from(nodeid, self.config.rootpath, here), self.failures[nodeid].seed,
+            self.session.settings, configuration, world_size,
+            self.pinned(self.config, world_size, configuration.env),
+        )  # fmt: skip
+
     def failed(self) -> list[dict[str, Any]]:
         """Each test that failed: its configuration, how often, when first, and the command replaying it."""
         found = []
         for nodeid, failures in self.failures.items():
             item = self.items.get(nodeid)
             configuration = configurations.of_item(item) if item else configurations.Configuration()
-            callspec = getattr(item, "callspec", None)
-            world_size = callspec.params.get("world_size") if callspec else None
-            draws = failures.draws
+            draws, replayed = failures.draws, failures.replayed
             found.append({
                 "nodeid": nodeid,
                 "backend_env": configuration.id,
                 "failed_passes": len(failures.passes),
                 "first_pass": failures.passes[0],
                 "first_at_s": round(failures.first_at, 3),
-                "draws": [{"seed": s, "tries": TRIES_AT_A_DRAW, "failed": n} for s, n in draws.items()],
+                "draws": [{"seed": seed, "tries": TRIES_AT_A_DRAW, "failed": n} for seed, n in draws.items()],
                 "kind": failures.kind(),
-                "replay": replay(
-                    nodeid, failures.seed, self.session.settings, configuration, world_size,
-                    self.pinned(self.config, world_size, configuration.env),
-                ),
+                "replay": self.replay_of(nodeid),
+                "replay_exit_status": replayed.exit_status if replayed else None,
             })  # fmt: skip
         return found
 
