@@ -125,7 +125,7 @@ def _configure(config: pytest.Config) -> None:
     config.pluginmanager.register(session, "collectives-session")
     if xdist_support.worker(os.environ) is not None:
         # its matrix goes to the controller (xdist.XdistController), which reports for the session
-        matrix = CapabilityMatrix(config, settings.backend, conformance, worker=True)
+        matrix = CapabilityMatrix(config, settings.backend, conformance, worker=True, outcomes=session.tally)
         config.stash[probing.MATRIX] = matrix
         config.pluginmanager.register(matrix, "collectives-capabilities")
         config.pluginmanager.register(Run(session, matrix), "collectives-run")
@@ -134,7 +134,7 @@ def _configure(config: pytest.Config) -> None:
         # one process compares, saves and reports for the session: rank 0 in SPMD mode
         config.pluginmanager.register(Run(session), "collectives-run")
         return
-    matrix = CapabilityMatrix(config, settings.backend, conformance)
+    matrix = CapabilityMatrix(config, settings.backend, conformance, outcomes=session.tally)
     config.stash[probing.MATRIX] = matrix
     config.pluginmanager.register(matrix, "collectives-capabilities")
     if config.pluginmanager.hasplugin("xdist") and under_xdist:

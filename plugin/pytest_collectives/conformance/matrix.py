@@ -30,6 +30,7 @@ from pytest_collectives.execution import configurations, left_out
 from pytest_collectives.execution.examples import KNOWN as KNOWN_EXAMPLE
 from pytest_collectives.execution.provenance import provenance
 from pytest_collectives.execution.reproductions import reproductions_in
+from pytest_collectives.execution.tally import Tally
 from pytest_collectives.verdict import Check
 
 if TYPE_CHECKING:  # the plugin loads with pytest, before the forkserver: torch comes with the first probe
@@ -59,8 +60,11 @@ class CapabilityMatrix:
         backend: str,
         settings: ConformanceSettings = ConformanceSettings(),  # noqa: B008 - frozen: one is as good as any
         worker: bool = False,
+        outcomes: Tally | None = None,
     ) -> None:
         self.config = config
+        # the run's one count of outcomes (the session's): whether a conformance test ran is read there
+        self.outcomes = outcomes if outcomes is not None else Tally()
         self.settings = settings
         self.backend = backend
         self.worker = worker  # a pytest-xdist worker: hands its tallies to the controller, writes nothing
@@ -72,7 +76,6 @@ class CapabilityMatrix:
         # them. A perf-only run probes groups too (the registered algorithms' benchmarks), and must not
         # be judged, or even reported, as a conformance run.
         self.selected = 0
-        self.ran = 0  # conformance tests judged (passed, failed, or a known bug), cells or not
         # conformance tests that failed or errored (in any phase), cells or not: kept where the reports
         # arrive (an xdist controller hears its workers' too), not merged
         self.failed: set[str] = set()
@@ -256,16 +259,13 @@ class CapabilityMatrix:
         if named:
             held = self.reproductions.setdefault(report.nodeid, [])
             held += [path for path in named if path not in held]
-        # a known bug that fired (an xfail) was judged: it is no test left untried
-        if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
-            self.ran += 1
-            if report.failed:
-                from pytest_collectives.backend_declarations import resembles
+        if report.when == "call" and report.failed:
+            from pytest_collectives.backend_declarations import resembles
 
-                found = resembles(report.longreprtext, self.backend)
-                if found:
-                    line, count = self.resembling.get(found[0], (found[1], 0))
-                    self.resembling[found[0]] = (line, count + 1)
+            found = resembles(report.longreprtext, self.backend)
+            if found:
+                line, count = self.resembling.get(found[0], (found[1], 0))
+                self.resembling[found[0]] = (line, count + 1)
 
     def reports(self) -> bool:
         """Whether this run has a matrix to report: a group was probed for conformance tests selected (or
@@ -277,7 +277,7 @@ class CapabilityMatrix:
         tried. Such a run proves nothing and must not pass."""
         return (
             self.reports()
-            and not self.ran
+            and not self.outcomes.conformance.judged
             and not any(t.passed or t.failed for t in self.tallies.values())
         )
 
@@ -308,7 +308,6 @@ class CapabilityMatrix:
             "tallies": [[where, *cell, dataclasses.asdict(t)] for (where, cell), t in self.tallies.items()],
             "rejected": self.rejected,
             "selected": self.selected,
-            "ran": self.ran,
             "mismatches": [[*key, behaviour] for key, behaviour in self.mismatches.items()],
             "resembling": [[like, line, count] for like, (line, count) in self.resembling.items()],
         }
@@ -334,7 +333,6 @@ class CapabilityMatrix:
             self.tallies[key] = _added(self.tallies.get(key, _Tally()), _Tally(**counts))
         self.rejected.update(exported["rejected"])
         self.selected = max(self.selected, exported["selected"])  # each worker collects the whole run
-        self.ran += exported["ran"]
         self.mismatches.update(((o, k, n), b) for o, k, n, b in exported["mismatches"])
         for like, line, count in exported["resembling"]:
             line, before = self.resembling.get(like, (line, 0))

@@ -50,10 +50,12 @@ def _fired(report: pytest.TestReport) -> bool:
 
 
 class Tally:
-    """Every test's outcome, once: the whole run's counts, each backend setting's, and the failures."""
+    """Every test's outcome, once: the whole run's counts, the conformance tests', each backend setting's,
+    and the failures."""
 
     def __init__(self) -> None:
         self.counts = Counts()
+        self.conformance = Counts()  # the conformance suites' tests: the capability matrix reads it
         self.by_configuration: dict[str, Counts] = {}  # --backend-env: configuration id -> its counts
         self.skipped_why: dict[str, str] = {}  # configuration id -> its first skip's reason
         self.unstarted: list[str] = []  # configuration ids where a test's group did not start, in order
@@ -61,6 +63,8 @@ class Tally:
 
     def add(self, report: pytest.TestReport) -> None:
         self.counts.add(report)
+        if "conformance" in report.keywords:
+            self.conformance.add(report)
         properties = dict(report.user_properties)
         configuration = properties.get("backend_env")
         if configuration is not None and not left_out.of_report(report):
@@ -118,12 +122,13 @@ def judge_tests(tally: Tally) -> Check:
     passed (nothing was verified), with the failing tests as a table, each with its message and the
     scripts it wrote."""
     counts = _plain(tally.counts)
-    words = {**counts, "failed": tally.counts.failed - tally.counts.errors, "errors": tally.counts.errors}
+    # pytest's own counts: a failure in set-up or teardown is an error there, not a failure
+    said = {**counts, "failed": tally.counts.failed - tally.counts.errors, "errors": tally.counts.errors}
     order = ("passed", "failed", "errors", "skipped", "xfailed")
     summary = ", ".join(
-        f"{words[outcome]} {'error' if outcome == 'errors' and words[outcome] == 1 else outcome}"
+        f"{said[outcome]} {'error' if outcome == 'errors' and said[outcome] == 1 else outcome}"
         for outcome in order
-        if words[outcome]
+        if said[outcome]
     )
     if tally.counts.failed:
         # the table lands in every output (terminal, md, xml, html): the tracebacks are the HTML's alone
@@ -136,11 +141,11 @@ def judge_tests(tally: Tally) -> Check:
                 ],
             }
         }
-        words = "the failing tests are listed, each with its message and the reproduction it wrote"
-        return Check("test run", FAIL, f"{summary}: {words}", {**counts, **listed})
+        listing = "the failing tests are listed, each with its message and the reproduction it wrote"
+        return Check("test run", FAIL, f"{summary}: {listing}", {**counts, **listed})
     if not tally.counts.passed:
-        said = f"{summary}: none passed" if summary else "no test ran"
-        return Check("test run", WARN, f"{said}, so nothing was verified", counts)
+        none = f"{summary}: none passed" if summary else "no test ran"
+        return Check("test run", WARN, f"{none}, so nothing was verified", counts)
     return Check("test run", PASS, summary, counts)
 
 

@@ -49,7 +49,7 @@ from pytest_collectives.topology.detect import detect
 from pytest_collectives.topology.fingerprint import Fingerprint
 from pytest_collectives.topology.identity import topology_id
 from pytest_collectives.topology.links import TopologyError
-from pytest_collectives.verdict import FAIL, NOT_JUDGED, STATUSES, TABLE, Check
+from pytest_collectives.verdict import FAIL, NOT_JUDGED, PASS, STATUSES, TABLE, WARN, Check
 
 SHOWN = 10  # names listed on the terminal; the Markdown and JSON reports list them all
 # What the line naming the baseline says of each statistic the gate may judge (judged_statistic)
@@ -108,7 +108,6 @@ class BaselineGate:
         self.lines: list[str] = []
         self.result: GateResult | None = None
         self.statistic = "p05"  # of each benchmark's rounds: set from the baseline when judged
-        self.failed = False
         self.outcome: list[str] = []  # what the gate decided, in a few words each: its closing verdict
         self.status: str | None = None  # the worst of its judgements (_judged_as), which the report renders
         self.fingerprint: Fingerprint | None = None
@@ -186,10 +185,9 @@ class BaselineGate:
             why = self._why_no_results()
             self.error = f"gate error: no benchmark results to save (--baseline-save): {why}"
         elif not self.error and self.benchmarks_selected:  # (None on an xdist controller: not known there)
-            self._judged_as("NOT JUDGED", self._why_no_results())
+            self._judged_as(NOT_JUDGED, self._why_no_results())
         if self.error:
             self.lines.append(self.error)
-            self.failed = True
         if self.lines and self.settings.judging_first:
             self._write_reports()
 
@@ -237,7 +235,7 @@ class BaselineGate:
             f"{session.testsfailed} test(s) failed"
             if session.testsfailed
             else "the gate failed it (--fail-on-regression)"
-            if self.failed or self.error
+            if self.status == FAIL or self.error
             else None
         )
         if why_not:
@@ -312,13 +310,12 @@ class BaselineGate:
         verdicts += ["a machine-wide slowdown"] if result.machine_wide else []
         if verdicts and self.settings.fail_on_regression:
             self.lines.append(f"FAILED: {' and '.join(verdicts)} (--fail-on-regression)")
-            self.failed = True
-            self._judged_as("FAIL", " and ".join(verdicts))
+            self._judged_as(FAIL, " and ".join(verdicts))
         elif verdicts:
             self.lines.append(f"{' and '.join(verdicts)}; report mode: add --fail-on-regression to gate")
-            self._judged_as("WARN", " and ".join(verdicts) + " (report mode)")
+            self._judged_as(WARN, " and ".join(verdicts) + " (report mode)")
         elif result.judged:
-            self._judged_as("PASS", f"{len(result.judged)} benchmark(s) judged against {base.path}")
+            self._judged_as(PASS, f"{len(result.judged)} benchmark(s) judged against {base.path}")
 
     def _missing(self) -> str:
         named = "" if self.name == DEFAULT_NAME else f", {self.name}.json"
@@ -347,7 +344,7 @@ class BaselineGate:
                 self.error = f"baseline error: {degraded}"
             else:
                 self.lines.append(f"DEGRADED? {degraded}")
-                self._judged_as("WARN", f"{why}, and this node looks degraded ({near.topology_id} differs)")
+                self._judged_as(WARN, f"{why}, and this node looks degraded ({near.topology_id} differs)")
             return
         if not any(d.lost for d in near.differences):
             what += f", none of which can be a fault: judge against it with `--baseline {near.topology_id}`"
@@ -364,7 +361,7 @@ class BaselineGate:
             )
         else:
             self.lines.append(f"{why}: nothing judged; record one with {record}")
-            self._judged_as("NOT JUDGED", f"{why}: nothing judged; record one with {record}")
+            self._judged_as(NOT_JUDGED, f"{why}: nothing judged; record one with {record}")
 
     def _say_machine(self, result: GateResult) -> None:
         machine = result.machine

@@ -185,6 +185,7 @@ class NodeReport:
     def finish(self, session: pytest.Session, run_checks: Sequence[Check]) -> None:
         """Write the report: the data, the run's checks as the run judged them, and the node's own."""
         from pytest_collectives.gate import baseline_gate as gate
+        from pytest_collectives.nodereport.judging.verdicts import node_checks
         from pytest_collectives.nodereport.outputs.schema import ReportError
         from pytest_collectives.nodereport.outputs.write import build_report, write_built
         from pytest_collectives.topology.identity import link_class, topology_id
@@ -243,9 +244,8 @@ class NodeReport:
         except (ReportError, OSError) as exc:
             self._not_written(exc)
             return
-        # the node's own checks come first (verdicts.report_checks), the run's after them
-        checks = [Check.from_json(c) for c in report["checks"]]
-        self.checks_of_node, self.verdict = checks[: len(checks) - len(run_checks)], report["verdict"]
+        # the node's own checks, judged from the data the report holds (the run's are the run's to print)
+        self.checks_of_node, self.verdict = node_checks(report), report["verdict"]
 
     def _not_written(self, exc: Exception) -> None:
         self.error, self.failed = f"node report not written: {exc}", True
