@@ -325,7 +325,7 @@ def test_a_setting_whose_tests_are_all_known_bugs_was_tested() -> None:
     without the setting. A setting whose tests were all N/A still is."""
     def report(configuration: str, **outcome: object) -> SimpleNamespace:
         given = {"failed": False, "passed": False, "skipped": True, "outcome": "skipped", "when": "call",
-                 "longrepr": None, "nodeid": f"t.py::test_x[{configuration}]"}  # fmt: skip
+                 "longrepr": None, "nodeid": f"t.py::test_x[{configuration}]", "keywords": {}}  # fmt: skip
         given.update(outcome)
         return SimpleNamespace(user_properties=[("backend_env", configuration)], **given)
 

@@ -18,6 +18,7 @@ import pytest
 from helpers import is_running, process_state
 
 from pytest_collectives.execution.outcome import hang_culprit
+from pytest_collectives.execution.reproductions import stopped_at
 
 HEADER = """
 import os, signal, time
@@ -166,18 +167,36 @@ def test_a_hang_blames_the_rank_outside_the_collective_the_others_wait_in(pytest
             dist.barrier()
         """,
     )
-    result = pytester.runpytest("--dist-timeout", "3")
+    result = pytester.runpytest("--dist-timeout", "3", "--reproductions", "found")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
             "*3 of 3 ranks did not pass (hung on ranks 0,1,2); rank 1 is the likely cause: it is not in "
             "barrier, which ranks 0,2 wait in*",
+            "*standalone reproduction: none (a hang cannot be reproduced alone); its closest thing, what "
+            "each rank waited in: *",
             "*rank 1: HUNG, still running 3 s after the test started (--dist-timeout) (likely cause)*",
         ]
     )
     # the blamed rank's section comes first
     text = result.stdout.str()
     assert text.index("rank 1: HUNG") < text.index("rank 0: HUNG") < text.index("rank 2: HUNG")
+    # the closest thing to a reproduction: the call each rank was in, named under the failure
+    record = pytester.path / "found" / "test_it.py_test_one_rank_sleeps_ws3_hang.txt"
+    assert f"its closest thing, what each rank waited in: {record}" in text
+    lines = record.read_text().splitlines()
+    assert "rank 1 is the likely cause: it is not in barrier" in lines[3]
+    source = (pytester.path / "test_it.py").read_text().splitlines()
+    slept_at = next(i for i, line in enumerate(source, 1) if "time.sleep(600)" in line)
+    waited_at = next(i for i, line in enumerate(source, 1) if "dist.barrier()" in line)
+    test = "in test_one_rank_sleeps"
+    waiting = f"hung inside torch.distributed.barrier, called at test_it.py:{waited_at} {test}"
+    assert lines[6:9] == [
+        f"  rank 0: {waiting}",
+        f"  rank 1: hung in its own code at test_it.py:{slept_at} {test}",
+        f"  rank 2: {waiting}",
+    ]
+    assert "Rank 1's stacks when it was stopped (most recent call first):" in lines
 
 
 def test_hang_culprit_needs_one_rank_apart_from_a_shared_collective() -> None:
@@ -192,6 +211,22 @@ def test_hang_culprit_needs_one_rank_apart_from_a_shared_collective() -> None:
     assert hang_culprit({0: waiting, 1: waiting}) is None  # all inside: a deadlock of the backend
     assert hang_culprit({0: working, 1: working, 2: waiting}) is None  # two suspects: say nothing
     assert hang_culprit({0: stack("all_reduce", "test"), 1: working, 2: waiting}) is None  # mismatched calls
+
+
+def test_where_a_rank_stopped_is_its_own_code_in_the_thread_inside_the_call() -> None:
+    watcher = (
+        "Thread 0x2 (most recent call first):\n"
+        '  File "/p/pytest_collectives/execution/ranks/hygiene.py", line 5 in watch'
+    )
+    main = (
+        "Current thread 0x1 (most recent call first):\n"
+        '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 4159 in barrier\n'
+        '  File "/p/pytest_collectives/execution/ranks/pending.py", line 51 in wrapper\n'
+        '  File "/s/suites/test_x.py", line 7 in test_x\n'
+        '  File "/p/pytest_collectives/execution/ranks/calling.py", line 159 in call_test'
+    )
+    assert stopped_at(f"{watcher}\n\n{main}") == "test_x.py:7 in test_x"
+    assert stopped_at(watcher) == "an unknown place (no stack)"  # the harness alone: nothing of the test
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ tests/training_mutants.py with its consequence named, and pass without one."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from helpers import run_on_backend
@@ -15,36 +17,59 @@ pytestmark = pytest.mark.skipif(
     bool(stacks.missing(stacks.FSDP2)), reason=str(stacks.missing(stacks.FSDP2))
 )
 
+STEP = "*The collectives of step 0 on this rank, in order:"
+# a training step cannot be reproduced alone: the record of its collectives, the closest thing, is named
+RECORD = (
+    "*standalone reproduction: none (a training step cannot be reproduced alone); its closest thing, the "
+    "collectives of the step that diverged: *_rank?.txt"
+)
 MUTANTS = [
     (
         "avg_reduce_scatter_run_as_sum",
         "fsdp2 and 1d and float32",
-        "*FSDP2 in float32 on a (3,) mesh, step 0: parameter * differs * the gradients differ; suspect "
-        "reduce_scatter_single with AVG (*a SUM there scales them by the ranks)",
+        [
+            "*FSDP2 in float32 on a (3,) mesh, step 0: parameter * differs * the gradients differ; suspect "
+            "reduce_scatter_single with AVG (*a SUM there scales them by the ranks).",
+            # the mutant ran FSDP2's AVG as SUM: the record shows what c10d was handed
+            STEP, "*c10d._allgather_base_(float32*, float32*, group of 3)*",
+            "*c10d._reduce_scatter_base_(float32*, float32*, group of 3, SUM)*", RECORD,
+        ],
     ),
     (
         "all_gather_ignores_an_aliased_input",
         "fsdp2 and 1d and float64",
-        "*FSDP2 in float64 on a (3,) mesh, step 0: loss * the forward pass differs; suspect "
-        "all_gather_single into FSDP2's flat buffer (each rank's input a view of its own slice)",
+        [
+            "*FSDP2 in float64 on a (3,) mesh, step 0: loss * the forward pass differs; suspect "
+            "all_gather_single into FSDP2's flat buffer (each rank's input a view of its own slice).",
+            STEP, "*c10d._allgather_base_(float64*", RECORD,
+        ],
     ),
     (
         "uint8_all_gather_swaps_two_ranks",
         "fsdp2 and 1d and uint8",
-        "*FSDP2 in float32 on a (3,) mesh, step 0: loss * the forward pass differs; suspect "
-        "all_gather_single into FSDP2's flat buffer (*), as uint8 bytes (a unit whose parameters differ*",
+        [
+            "*FSDP2 in float32 on a (3,) mesh, step 0: loss * the forward pass differs; suspect "
+            "all_gather_single into FSDP2's flat buffer (*), as uint8 bytes (a unit whose parameters differ*",
+            STEP, "*c10d._allgather_base_(uint8*", RECORD,
+        ],
     ),
     (
         "functional_all_reduce_returns_before_the_data",
         "tensor_parallel and 1d",
-        "*tensor parallel on a (3,) mesh, step 0: loss * suspect all_reduce of RowwiseParallel's partial "
-        "outputs",
+        [
+            "*tensor parallel on a (3,) mesh, step 0: loss * suspect all_reduce of RowwiseParallel's partial "
+            "outputs.",
+            # the all_reduce never reached c10d, and the record says so
+            STEP, "    none", RECORD,
+        ],
     ),
     (
         "redistribute_drops_an_uneven_last_shard",
         "redistribute and 1d_mesh",
-        "*redistribute S(0)->* of a (7, 5) tensor on a (3,) mesh: * element(s) of 35 differ from the tensor "
-        "placed*",
+        [
+            "*redistribute S(0)->* of a (7, 5) tensor on a (3,) mesh: * element(s) of 35 differ from the "
+            "tensor placed*",
+        ],
     ),
 ]
 
@@ -58,7 +83,11 @@ TRAINING = {"module": "training_mutants", "files": ("test_training.py",), "dist_
 def test_a_planted_training_stack_bug_is_caught(pytester, mutant, select, message) -> None:
     result = run_on_backend(pytester, None, "-x", "-k", select, env={"TRAINING_MUTANT": mutant}, **TRAINING)
     assert result.parseoutcomes().get("failed", 0) == 1, result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines([message])
+    result.stdout.fnmatch_lines(message)
+    records = re.findall(r"the step that diverged: (\S+\.txt)", result.stdout.str())
+    assert bool(records) == (RECORD in message)
+    for record in records:  # the record holds what the message says, for the vendor's report
+        assert "The collectives of step 0 on this rank, in order:\n  " in Path(record).read_text()
 
 
 def test_the_same_selections_pass_with_nothing_planted(pytester) -> None:

@@ -139,6 +139,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "STACKS": ("conformance.training.stacks", "STACKS"),
     "TENSOR_PARALLEL": ("conformance.training.stacks", "TENSOR_PARALLEL"),
     "first_difference": ("conformance.training.models", "first_difference"),
+    "training_record": ("conformance.training.models", "training_record"),
     "full_tensor": ("conformance.training.redistribute", "full_tensor"),
     "functional_results": ("conformance.training.functional", "functional_results"),
     "mesh_shape": ("conformance.training.meshes", "mesh_shape"),

@@ -32,6 +32,7 @@ from pytest_collectives import (
     tiny_model,
     train,
     training_mesh,
+    training_record,
 )
 
 pytestmark = [pytest.mark.conformance, pytest.mark.training]
@@ -95,7 +96,8 @@ def test_fsdp2_trains_like_one_process(pg, stack):
     backward = FSDP2_BACKWARD[dtype] + (HSDP if stack.dims == 2 else "")
     got = train(model, pg.device, dtype)
     failure = first_difference(expected, got, forward, backward, TRAINING_BOUNDS[dtype])
-    assert failure is None, f"FSDP2 in {stack.dtype} on a {tuple(device_mesh.mesh.shape)} mesh, {failure}"
+    said = f"FSDP2 in {stack.dtype} on a {tuple(device_mesh.mesh.shape)} mesh, {failure}"
+    assert failure is None, training_record(pg, f"fsdp2 {stack!r} ws{pg.world_size}", said)
 
 
 @pytest.mark.world_size()
@@ -115,7 +117,8 @@ def test_tensor_parallel_trains_like_one_process(pg, stack):
         backward = f"{TP_BACKWARD}, or {FSDP2_BACKWARD[dtype]}"
     got = train(model, pg.device, dtype)
     failure = first_difference(expected, got, forward, backward, TRAINING_BOUNDS[dtype])
-    assert failure is None, f"tensor parallel on a {shape} mesh, {failure}"
+    said = f"tensor parallel on a {shape} mesh, {failure}"
+    assert failure is None, training_record(pg, f"tensor_parallel {stack!r} ws{pg.world_size}", said)
 
 
 @pytest.mark.world_size()

@@ -17,7 +17,7 @@ from pytest_collectives.conformance.cells import FAIL as CELL_FAIL
 from pytest_collectives.conformance.cells import KNOWN, NA, short_dtype
 from pytest_collectives.conformance.cells import PASS as CELL_PASS
 from pytest_collectives.conformance.cells import STATUSES as CELL_STATUSES
-from pytest_collectives.execution.reproductions import WORDS
+from pytest_collectives.execution.reproductions import naming
 from pytest_collectives.verdict import FAIL, PASS, TABLE, Check
 
 NAME = "conformance"
@@ -43,7 +43,7 @@ def judge_conformance(matrix: Mapping[str, Any], checked_nothing: bool) -> Check
     red = [cell for cell in cells if cell["status"] == CELL_FAIL]
     if red:  # a vendor files the first red cell with the script its test wrote
         first = red[0]
-        script = "".join(f"; {WORDS}{path}" for path in first.get("reproductions", [])[:1])
+        script = "".join(f"; {naming(path)}" for path in first.get("reproductions", [])[:1])
         said.append(
             f"first {first['operation']} {first['dtype']} {first['reduce_op']} "
             f"({first.get('first_failure', '')}{script})"

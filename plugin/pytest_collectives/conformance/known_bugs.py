@@ -57,7 +57,7 @@ from pytest_collectives.errors import OneLineError
 from pytest_collectives.execution import examples
 from pytest_collectives.execution.configurations import of_item, plain_id
 from pytest_collectives.execution.messages import FAILED
-from pytest_collectives.execution.reproductions import WORDS, reproductions_in
+from pytest_collectives.execution.reproductions import naming, reproductions_in
 from pytest_collectives.execution.session import EXPECTED_FAILURES
 from pytest_collectives.execution.suite_api import settings_of
 from pytest_collectives.execution.wrongness import KINDS
@@ -291,7 +291,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     failure = report.longreprtext
     own = _own_failures(call.excinfo.value) if call.excinfo else []
     if own and all(any(bug.explains(text) for bug in bugs) for text in own):
-        report.wasxfail += "".join(f"; {WORDS}{path}" for path in reproductions_in(failure))
+        report.wasxfail += "".join(f"; {naming(path)}" for path in reproductions_in(failure))
         return
     wanted = "; or ".join(f"{b.raises} matching {b.match!r} ({b.source})" for b in bugs)
     report.outcome = "failed"

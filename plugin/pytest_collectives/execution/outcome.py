@@ -68,6 +68,8 @@ class GroupOutcome:
     # In a batch of examples: the values of the one that failed, which the shrunk batch may still follow
     # passing examples with (hypothesis cannot always delete them), so the report names it alone.
     failing_example: str = ""
+    # a hang's: the line naming the record of what each rank waited in (its closest thing to a reproduction)
+    hang_record: str = ""
     # the group never started (twice tried): the test never ran, and its configuration is named for it
     unstarted: bool = False
 
@@ -129,6 +131,9 @@ class GroupOutcome:
         if self.first_failed is not None and self.ranks[self.first_failed].status == PASSED:
             self.first_failed = next(r.rank for r in self.ranks if r.status == FAILED)
 
+    def hung(self) -> bool:
+        return any(report.status == HUNG for report in self.ranks)
+
     def skip_reason(self) -> str:
         return self.ranks[0].detail
 
@@ -142,6 +147,8 @@ class GroupOutcome:
         lines = [self._summary(bad)]
         if self.failing_example:
             lines.append(f"the failing example: {self.failing_example}")
+        if self.hang_record:
+            lines.append(self.hang_record)
         blamed = self.first_failed if self.culprit is None else self.culprit[0]
         order = sorted(bad, key=lambda r: (r.rank != blamed, r.rank))
         for report in order:

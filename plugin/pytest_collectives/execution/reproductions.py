@@ -3,6 +3,7 @@ failure (every rank that did writes the same file: each knows every rank's input
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from pytest_collectives.atomic import write_atomic
 from pytest_collectives.execution import options
+from pytest_collectives.execution.outcome import HUNG, GroupOutcome, collective_waited_in
 
 
 def reproductions_folder(config: pytest.Config, settings: options.Settings) -> Path:
@@ -22,6 +24,7 @@ def reproductions_folder(config: pytest.Config, settings: options.Settings) -> P
 
 
 WORDS = "standalone reproduction: "  # what names one under a failure, for the reports to find
+CLOSEST = "its closest thing, "  # what names a record where a failure cannot be reproduced alone
 
 
 def write_reproduction(pg: Any, name: str, text: str | None) -> str:
@@ -32,18 +35,44 @@ def write_reproduction(pg: Any, name: str, text: str | None) -> str:
         return f"{WORDS}none written (the failing example's inputs are too many to write inline)"
     if not getattr(pg, "reproductions", ""):
         return f"{WORDS}none written (no reproductions folder outside a pytest session)"
-    path = Path(pg.reproductions) / (re.sub(r"[^\w.-]+", "_", name).strip("_") + ".py")
+    path, error = _written(pg.reproductions, name + ".py", text)
+    return f"{WORDS}none written ({error})" if error else f"{WORDS}{path}"
+
+
+def write_closest(folder: str, name: str, text: str, why: str, what: str) -> str:
+    """Write ``text``, the closest thing to a reproduction that a failure which cannot be reproduced alone
+    has (``why`` says why not; ``what`` what the record holds), as ``name``.txt in ``folder``: the line
+    that names it, for the failure's message."""
+    outside = "no reproductions folder outside a pytest session"
+    path, error = _written(folder, name + ".txt", text) if folder else (None, outside)
+    if error:
+        return f"{WORDS}none ({why}), and no record written ({error})"
+    return f"{WORDS}none ({why}); {CLOSEST}{what}: {path}"
+
+
+def _written(folder: str | os.PathLike[str], name: str, text: str) -> tuple[Path, str]:
+    """``text`` written to ``name`` (made a file name) in ``folder``; the error that stopped it, if any."""
+    stem, dot, suffix = name.rpartition(".")
+    path = Path(folder) / (re.sub(r"[^\w.-]+", "_", stem).strip("_") + dot + suffix)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, text)
     except OSError as exc:
-        return f"{WORDS}none written ({exc})"
-    return f"{WORDS}{path}"
+        return path, str(exc)
+    return path, ""
 
 
 def reproductions_in(text: str) -> list[str]:
-    """The reproductions a failure's text names, once each, in order."""
-    return list(dict.fromkeys(re.findall(re.escape(WORDS) + r"(\S+\.py)", text)))
+    """The reproductions a failure's text names (a hang's record of what its ranks waited in too), once each,
+    in order."""
+    named = re.findall(rf"{re.escape(WORDS)}(\S+\.py)|{re.escape(CLOSEST)}[^:]*: (\S+\.txt)", text)
+    return list(dict.fromkeys(script or record for script, record in named))
+
+
+def naming(path: str) -> str:
+    """How a report names a file ``reproductions_in`` found: a script as the standalone reproduction, a
+    record as the closest thing to one."""
+    return f"{WORDS}{path}" if path.endswith(".py") else f"{WORDS}none; {CLOSEST}a record: {path}"
 
 
 def drop_drafts(written: set[str], report: str, kept: set[str]) -> None:
@@ -54,3 +83,53 @@ def drop_drafts(written: set[str], report: str, kept: set[str]) -> None:
     kept |= named
     for path in written - kept:
         Path(path).unlink(missing_ok=True)
+
+
+_FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+# torch's frames, and the harness' on a rank (its wrapper around each call, its worker loop)
+_NOT_THE_TEST = re.compile(r"[/\\](torch|pytest_collectives[/\\]execution)[/\\]")
+ARGUMENT_CHARS = 2000  # a batch's examples can run long: the record keeps each argument's start
+
+
+def stopped_at(stack: str) -> str:
+    """Where a faulthandler dump (every thread's, most recent call first) shows a rank's own code: the
+    innermost frame outside torch and the harness, of the thread inside a torch.distributed call, else of
+    the current one."""
+    threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
+    inside = [t for t in threads if collective_waited_in(t)]
+    current = [t for t in threads if t.lstrip().startswith("Current thread")]
+    for thread in inside + current + threads[:1]:
+        for frame in _FRAME.finditer(thread):
+            if not _NOT_THE_TEST.search(frame["path"]):
+                return f"{Path(frame['path']).name}:{frame['line']} in {frame['func']}"
+    return "an unknown place (no stack)"
+
+
+def hang_record(nodeid: str, outcome: GroupOutcome, arguments: dict[str, Any], written_by: str) -> str:
+    """The closest thing to a standalone reproduction a hang has: the call each rank was in when it was
+    stopped, which rank the others waited for, the arguments of the test's call and every rank's stacks."""
+    lines = [
+        f"# {nodeid} hung. A hang cannot be reproduced alone: this is what each rank was doing when",
+        f"# it was stopped, to file with the backend's report. Written by {written_by}.",
+        "",
+        outcome.render().splitlines()[0],
+        "",
+        "Each rank:",
+    ]
+    for report in outcome.ranks:
+        if report.status == HUNG and report.stack:
+            collective = collective_waited_in(report.stack)
+            where = f"inside torch.distributed.{collective}, called" if collective else "in its own code"
+            lines.append(f"  rank {report.rank}: hung {where} at {stopped_at(report.stack)}")
+        else:
+            lines.append(f"  rank {report.rank}: {report.status}")
+    lines += ["", "The test's arguments (on every rank):"]
+    for name, value in arguments.items():
+        said = repr(value)
+        cut = f" ... ({len(said)} characters)" if len(said) > ARGUMENT_CHARS else ""
+        lines.append(f"  {name} = {said[:ARGUMENT_CHARS]}{cut}")
+    for report in outcome.ranks:
+        if report.stack:
+            lines += ["", f"Rank {report.rank}'s stacks when it was stopped (most recent call first):"]
+            lines.append(report.stack.rstrip())
+    return "\n".join(lines) + "\n"

@@ -36,7 +36,13 @@ from pytest_collectives.execution.hypothesis_calls import (
 )
 from pytest_collectives.execution.messages import REJECTED, ExpectedFailure, Task, packed
 from pytest_collectives.execution.outcome import DistributedTestFailure, GroupOutcome
-from pytest_collectives.execution.reproductions import drop_drafts, reproductions_folder, reproductions_in
+from pytest_collectives.execution.reproductions import (
+    drop_drafts,
+    hang_record,
+    reproductions_folder,
+    reproductions_in,
+    write_closest,
+)
 from pytest_collectives.execution.suite_api import PARAMS, SIZES, OnRanks
 from pytest_collectives.execution.tally import UNSTARTED, Tally, judge_settings, judge_tests
 from pytest_collectives.verdict import Check
@@ -306,6 +312,14 @@ class DistributedSession:
                 assume(False)  # every rank's assume() turned the example down: hypothesis draws another
             pytest.skip(outcome.skip_reason())
         if verdict == "failed":
+            if outcome.hung():
+                under = f" under {self.configuration.id}" * bool(self.configuration.env)
+                run = f"pytest-collectives: backend {self.settings.backend}{under}, {n} ranks"
+                text = hang_record(item.nodeid, outcome, shipped, run)
+                outcome.hang_record = write_closest(
+                    self.reproductions, f"{item.nodeid} hang", text, "a hang cannot be reproduced alone",
+                    "what each rank waited in",
+                )  # fmt: skip
             raise DistributedTestFailure.of(outcome)
         if benchmark_shim.is_fixture(bench):
             s = self.settings

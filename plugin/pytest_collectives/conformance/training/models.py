@@ -5,8 +5,13 @@ parameter where a sharded run left one process's.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pytest_collectives.execution.reproductions import write_closest
 
 STEPS = 3
 LEARNING_RATE = 0.1
@@ -62,6 +67,55 @@ def batch(step: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Te
 class Step:
     loss: float
     parameters: dict[str, torch.Tensor]  # after the optimizer's step, whole (a DTensor's full tensor)
+    collectives: list[str] = dataclasses.field(default_factory=list)  # the step's, in the order made
+
+
+# c10d's ops, which every torch.distributed call reaches (the functional collectives DTensor and tensor
+# parallelism call, and the in-place ones FSDP2 calls), whatever layer of the stack made it
+_C10D_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+try:
+    from torch.distributed.tensor import DTensor as _DTENSOR
+except ImportError:  # before torch 2.5, where no training stack here runs
+    _DTENSOR = ()
+
+
+class CollectiveLog(TorchDispatchMode):
+    """The collectives made while it is entered, in order, each with its tensors' dtypes and shapes: the
+    closest thing to a reproduction a training step has, which a vendor can replay call by call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if any(issubclass(kind, _DTENSOR) for kind in types):
+            # DTensor first, as torch's CommDebugMode lets it: it turns into the collectives on plain
+            # tensors, which come back here
+            return NotImplemented
+        if func.namespace in _C10D_NAMESPACES:
+            tensors = [_described(a) for a in (*args, *(kwargs or {}).values()) if _described(a)]
+            self.calls.append(f"{func.namespace}.{func._opname}({', '.join(tensors)})")
+        return func(*args, **(kwargs or {}))
+
+
+def _described(value: object) -> str:
+    """A call's argument as a vendor replays it: a tensor's dtype and shape, the group's size, the reduce
+    op (c10d's ops take both boxed; the functional ones name them); "" for the rest (async_op, timeout)."""
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return "[" + ", ".join(map(_described, value)) + "]"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, torch._C.ScriptObject):
+        kind = value._type().name()
+        if kind == "ProcessGroup":
+            return f"group of {dist.ProcessGroup.unbox(value).size()}"
+        if kind == "ReduceOp":
+            code = value.op()  # its RedOpType's value
+            names = {int(op): name for name, op in dist.ReduceOp.RedOpType.__members__.items()}
+            return names.get(code, f"reduce op {code}")
+    return ""
 
 
 def train(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> list[Step]:
@@ -72,12 +126,14 @@ def train(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> l
     steps = []
     for step in range(STEPS):
         x, y = batch(step, device, dtype)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        with CollectiveLog() as log:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
         value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
-        steps.append(Step(float(value), {name: _whole(p) for name, p in model.named_parameters()}))
+        whole = {name: _whole(p) for name, p in model.named_parameters()}
+        steps.append(Step(float(value), whole, log.calls))
     return steps
 
 
@@ -91,12 +147,14 @@ def first_difference(
 ) -> str | None:
     """Where ``actual`` first leaves ``expected`` by more than ``bound``: the step, what differs and the
     collective to suspect. A step's loss depends on the parameters going into it (``forward``: what brings
-    them together, e.g. FSDP2's all-gather); the parameters after it on its gradients (``backward``)."""
+    them together, e.g. FSDP2's all-gather); the parameters after it on its gradients (``backward``). Then,
+    a line each, the collectives that step made as c10d received them."""
     for step, (want, got) in enumerate(zip(expected, actual, strict=True)):
+        made = f".\nThe collectives of step {step} on this rank, in order:\n  " + _runs(got.collectives)
         if abs(want.loss - got.loss) > bound:
             return (
                 f"step {step}: loss {got.loss!r}, one process {want.loss!r} (bound {bound:g}): the forward "
-                f"pass differs; suspect {forward}"
+                f"pass differs; suspect {forward}{made}"
             )
         for name, value in want.parameters.items():
             error = float((got.parameters[name] - value).abs().max())
@@ -104,6 +162,30 @@ def first_difference(
                 ratio = float(got.parameters[name].norm() / value.norm()) if value.norm() else float("nan")
                 return (
                     f"step {step}: parameter {name} differs from one process's by {error:.3g} (bound "
-                    f"{bound:g}; norm ratio {ratio:.4g}): the gradients differ; suspect {backward}"
+                    f"{bound:g}; norm ratio {ratio:.4g}): the gradients differ; suspect {backward}{made}"
                 )
     return None
+
+
+def _runs(calls: list[str]) -> str:
+    """``calls`` in order, a line each, a call made several times in a row said once with its count."""
+    said: list[list[Any]] = []
+    for call in calls:
+        if said and said[-1][0] == call:
+            said[-1][1] += 1
+        else:
+            said.append([call, 1])
+    return "\n  ".join(call + f" x{n}" * (n > 1) for call, n in said) or "none"
+
+
+def training_record(pg: Any, name: str, said: str) -> str:
+    """A training test's failure message: ``said`` (first_difference's, with the collectives of the step
+    that diverged), then the line naming the record of it written beside the reproductions, as a training
+    step, a whole stack's calls, cannot be reproduced alone."""
+    where = f"on rank {pg.rank} of {pg.world_size} ({pg.backend}, torch {torch.__version__})"
+    text = f"# {name}, {where}\n{said}\n"
+    line = write_closest(
+        getattr(pg, "reproductions", ""), f"{name} rank{pg.rank}", text,
+        "a training step cannot be reproduced alone", "the collectives of the step that diverged",
+    )  # fmt: skip
+    return f"{said}\n{line}"
