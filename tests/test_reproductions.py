@@ -24,7 +24,7 @@ from pytest_collectives.conformance.standalone import (
     group_call_script,
     point_to_point_script,
 )
-from pytest_collectives.execution.reproductions import reproductions_in
+from pytest_collectives.execution.reproductions import naming, reproductions_in, write_closest
 
 GLOO_LAYOUT_BUGS = [
     bug for bug in load(SUITES / "known_bugs.json")
@@ -214,3 +214,20 @@ def test_a_message_received_wrong_writes_a_reproduction(pytester: pytest.Pyteste
         script.write_text(text.replace(repr(mutant), repr("refgloo")))
         on_reference = _run_alone(script, str(SUPPORT))
         assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+
+
+def test_a_record_where_no_script_can_be_written_is_found_as_a_script_is(tmp_path: Path) -> None:
+    """A hang's or training step's record is named under its failure and in every report that lists the
+    reproductions (the matrix, the closing verdicts, the node report), as a script is, and says why it
+    is no script."""
+    said = "what each rank waited in\n"
+    line = write_closest(str(tmp_path), "t.py::test_x[ws2] hang", said, "a hang", "a log")
+    record = tmp_path / "t.py_test_x_ws2_hang.txt"
+    assert line == f"standalone reproduction: none (a hang); its closest thing, a log: {record}"
+    assert record.read_text() == said
+    script = str(tmp_path / "gloo-all_reduce-ws2.py")
+    text = f"rank 0: wrong\n{naming(script)}\n{line}\n{naming(str(record))}"
+    assert reproductions_in(text) == [script, str(record)]  # each once, in order
+    outside = write_closest("", "x", said, "a hang", "a log")
+    assert outside.startswith("standalone reproduction: none (a hang), and no record written (no reprod")
+

@@ -63,8 +63,8 @@ def _written(folder: str | os.PathLike[str], name: str, text: str) -> tuple[Path
 
 
 def reproductions_in(text: str) -> list[str]:
-    """The reproductions a failure's text names (a hang's record of what its ranks waited in too), once each,
-    in order."""
+    """The reproductions a failure's text names (and the records written where none can be: a hang's, a
+    training step's), once each, in order."""
     named = re.findall(rf"{re.escape(WORDS)}(\S+\.py)|{re.escape(CLOSEST)}[^:]*: (\S+\.txt)", text)
     return list(dict.fromkeys(script or record for script, record in named))
 
