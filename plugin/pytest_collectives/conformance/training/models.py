@@ -5,6 +5,7 @@ parameter where a sharded run left one process's.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import torch
@@ -93,8 +94,8 @@ class CollectiveLog(TorchDispatchMode):
             # tensors, which come back here
             return NotImplemented
         if func.namespace in _C10D_NAMESPACES:
-            tensors = [_described(a) for a in (*args, *(kwargs or {}).values()) if _described(a)]
-            self.calls.append(f"{func.namespace}.{func._opname}({', '.join(tensors)})")
+            described = [said for said in map(_described, (*args, *(kwargs or {}).values())) if said]
+            self.calls.append(f"{func.namespace}.{func._opname}({', '.join(described)})")
         return func(*args, **(kwargs or {}))
 
 
@@ -169,13 +170,8 @@ def first_difference(
 
 def _runs(calls: list[str]) -> str:
     """``calls`` in order, a line each, a call made several times in a row said once with its count."""
-    said: list[list[Any]] = []
-    for call in calls:
-        if said and said[-1][0] == call:
-            said[-1][1] += 1
-        else:
-            said.append([call, 1])
-    return "\n  ".join(call + f" x{n}" * (n > 1) for call, n in said) or "none"
+    runs = ((call, len(list(run))) for call, run in itertools.groupby(calls))
+    return "\n  ".join(call + f" x{n}" * (n > 1) for call, n in runs) or "none"
 
 
 def training_record(pg: Any, name: str, said: str) -> str:
