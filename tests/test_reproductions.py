@@ -14,13 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import SUITES, SUPPORT, run_on_backend, torch_below
+from test_planted_bugs import MUTANTS, plant
 
 from pytest_collectives import FailingCall, layout_script, rank_input
+from pytest_collectives.algorithms import registry
+from pytest_collectives.conformance.inlining import NotInlinable, inlined
 from pytest_collectives.conformance.known_bugs import load
 from pytest_collectives.conformance.standalone import (
     GROUP_CALL_LINES,
     REDUCING,
     SEND_AND_RECEIVE,
+    algorithm_script,
     group_call_script,
     point_to_point_script,
 )
@@ -170,15 +174,113 @@ def test_the_backend_s_own_call_failing_writes_a_reproduction(
 @pytest.mark.skipif(torch_below(2, 13), reason="torch 2.2's gloo hangs in a subgroup's all_to_all_single")
 def test_a_reproduction_of_each_backend_call_gloo_gets_right_exits_0(tmp_path: Path) -> None:
     """No false alarm from the scripts of the backend's own calls: each, on a subgroup of ranks 0 and 2 of
-    3 rooted at its group rank 1, in float32 where any order of a sum rounds, exits 0 on gloo."""
-    for name in GROUP_CALL_LINES:
+    3 rooted at its group rank 1, in float32 where any order of a sum rounds, exits 0 on gloo (the
+    reduce-scatter and all-gather in place too)."""
+    for key in GROUP_CALL_LINES:
+        name, form = key.removesuffix(" in place"), " in place" if key.endswith(" in place") else ""
         layout = "offset" if name == "broadcast" else "contiguous"
         call = FailingCall(
             "gloo", 3, name, layout, layout, torch.float32, (6,),
             given=lambda r, p: rank_input(5, r * 16 + p, (6,), torch.float32), members=(0, 2), root=1,
         )  # fmt: skip
         op = "sum" if name in REDUCING else ""
-        _exits_0(tmp_path / f"{name}.py", group_call_script(call, op, "(none)", "this test"))
+        script = group_call_script(call, op, "(none)", "this test", form)
+        _exits_0(tmp_path / f"{key.replace(' ', '_')}.py", script)
+
+
+# Each contract's algorithm built from send/recv, in each form a script is written for
+ALGORITHMS = [
+    ("all_reduce", "ring_all_reduce", ""),
+    ("reduce", "binomial_tree_reduce", ""),
+    ("broadcast", "binomial_tree_broadcast", ""),
+    ("reduce_scatter", "ring_reduce_scatter(steps_per_rank=3)", ""),
+    ("reduce_scatter", "ring_reduce_scatter(steps_per_rank=1)", " in place"),
+    ("all_gather", "ring_all_gather", ""),
+    ("all_gather", "ring_all_gather", " in place"),
+    ("all_to_all", "pairwise_all_to_all", ""),
+]
+
+
+def test_an_algorithm_is_copied_with_what_it_calls_and_nothing_of_this_project() -> None:
+    """A registered wrapper (builtin's, in a function) is copied with the algorithm it calls through its
+    module and every helper that calls in turn, as code that runs on its own; the imports are torch's and
+    Python's. A name not defined at the top of its module, or one the copy would bind twice, is refused."""
+    code = inlined(registry.get("gemm_reduce_scatter(steps_per_rank=3)").function)
+    assert code.name == "gemm_reduce_scatter_per_rank"
+    for name in ("gemm_reduce_scatter", "_pipelined_ring_reduce_scatter", "_shift", "_size"):
+        assert f"def {name}(" in code.code, code.code
+    assert "alg." not in code.code and "def ring_all_reduce(" not in code.code  # what it calls, nothing more
+    assert all(line.split()[1].partition(".")[0] in ("torch", "collections") for line in code.imports), code
+    namespace: dict[str, object] = {}
+    exec(compile("\n".join([*code.imports, code.code]), "copied", "exec"), namespace)
+    assert callable(namespace["gemm_reduce_scatter_per_rank"])
+
+    def nested(tensor):  # noqa: ANN001, ANN202
+        return helper(tensor)  # noqa: F821
+
+    with pytest.raises(NotInlinable, match="helper is not defined at the top level"):
+        inlined(nested)
+    import pytest_collectives.algorithms.collectives as alg
+
+    def ring_all_reduce(tensor):  # noqa: ANN001, ANN202
+        return alg.ring_all_reduce(tensor)
+
+    with pytest.raises(NotInlinable, match="a definition of its own name"):
+        inlined(ring_all_reduce)
+
+
+def test_a_reproduction_of_each_algorithm_gloo_gets_right_exits_0(tmp_path: Path) -> None:
+    """No false alarm from the scripts of the algorithms built from send/recv: each, its code copied in,
+    on a subgroup of ranks 0 and 2 of 3 rooted at its group rank 1, in float32 where any order of a sum
+    rounds, a strided view where its contract takes one, exits 0 on gloo; none imports this project."""
+    for contract, name, form in ALGORITHMS:
+        algorithm = registry.get(name)
+        laid = contract in ("all_reduce", "reduce", "broadcast", "all_to_all")
+        layout = "strided" if laid else "contiguous"
+        outputs = "contiguous" if contract == "all_to_all" else layout
+        call = FailingCall(
+            "gloo", 3, contract, layout, outputs, torch.float32, (6,),
+            given=lambda r, p: rank_input(5, r * 16 + p, (6,), torch.float32), members=(0, 2), root=1,
+        )  # fmt: skip
+        op = "sum" if contract in ("all_reduce", "reduce", "reduce_scatter") else ""
+        code = inlined(algorithm.function)
+        text = algorithm_script(call, name, code, dict(algorithm.params), op, "(none)", "this test", form)
+        assert text and "pytest" not in text.replace("pytest-collectives", ""), text
+        _exits_0(tmp_path / f"{contract}{form.replace(' ', '_')}.py", text)
+
+
+@pytest.mark.parametrize(
+    ("planted", "test_file", "select"),
+    [
+        ("ring-missing-last-step", "test_all_reduce.py", "mutant_ring_all_reduce"),
+        # the GEMM reduce-scatter runs the ring reduce-scatter's schedule (_pipelined_ring_reduce_scatter)
+        ("gemm-reduce-scatter-drops-partial-sum", "test_reduce_scatter.py", "mutant_gemm_reduce_scatter"),
+    ],
+)
+def test_an_algorithm_s_failure_writes_its_code_into_a_reproduction(
+    pytester: pytest.Pytester, planted: str, test_file: str, select: str
+) -> None:
+    """A bug planted in an algorithm built from send/recv (a copy of collectives.py, registered as a user's
+    algorithm is): the scripts its failures name, at 2 ranks and at 3, carry the algorithm's code, the
+    planted line among it, and nothing of this project's; run alone on gloo each exits 1, and 0 once the
+    planted line is put back as it was."""
+    original, mutated = next((m[1], m[2]) for m in MUTANTS if m[0] == planted)
+    plant(pytester.path, original, mutated, test_file)
+    result = pytester.runpytest(
+        test_file, "-k", select, "--world-sizes", "2,3", "--reproductions", "repro",
+        "--hypothesis-profile", "planted", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    named = [Path(path) for path in reproductions_in(result.stdout.str())]
+    for n in (2, 3):
+        script = next((s for s in named if s.name.endswith(f"-ws{n}.py")), None)
+        assert script is not None, result.stdout.str()[-3000:]
+        text = script.read_text()
+        assert mutated in text and "import mutant" not in text and "pytest_collectives" not in text, text
+        on_mutant = _run_alone(script)
+        assert on_mutant.returncode == 1 and "elements WRONG" in on_mutant.stdout, on_mutant.stdout
+        script.write_text(text.replace(mutated, original))
+        mended = _run_alone(script)
+        assert mended.returncode == 0, (script.name, mended.stdout + mended.stderr)
 
 
 def test_a_reproduction_of_a_message_gloo_gets_right_exits_0(tmp_path: Path) -> None:

@@ -41,20 +41,21 @@ def register(alg: types.ModuleType, prefix: str = "") -> None:
         alg.reduce_scatter_single(output, input, op=op, group=group)
         return output
 
-    def ring_reduce_scatter(output, input, op, group, steps_per_rank: int) -> torch.Tensor:  # noqa: ANN001
+    # named apart from the algorithm they call: a reproduction copies both into one file
+    def ring_reduce_scatter_per_rank(output, input, op, group, steps_per_rank: int) -> torch.Tensor:  # noqa: ANN001
         return alg.ring_reduce_scatter(output, input, group=group, steps=steps_per_rank * _size(group))
 
     add("reduce_scatter", "reduce_scatter_single", backend_reduce_scatter, uses=("reduce_scatter_single",))
     add(
-        "reduce_scatter", "ring_reduce_scatter", ring_reduce_scatter,
+        "reduce_scatter", "ring_reduce_scatter", ring_reduce_scatter_per_rank,
         uses=("send_recv",), ops=("sum",), grid={"steps_per_rank": (1, 3)},
     )  # fmt: skip
 
-    def gemm_reduce_scatter(a, b, group, steps_per_rank: int) -> torch.Tensor:  # noqa: ANN001
+    def gemm_reduce_scatter_per_rank(a, b, group, steps_per_rank: int) -> torch.Tensor:  # noqa: ANN001
         return alg.gemm_reduce_scatter(a, b, group=group, steps=steps_per_rank * _size(group))
 
     add(
-        "gemm_reduce_scatter", "gemm_reduce_scatter", gemm_reduce_scatter,
+        "gemm_reduce_scatter", "gemm_reduce_scatter", gemm_reduce_scatter_per_rank,
         uses=("send_recv",), ops=("sum",), grid={"steps_per_rank": (1, 3)},
     )  # fmt: skip
     add(

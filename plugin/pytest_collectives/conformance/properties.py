@@ -9,6 +9,7 @@ rank's result against the exact reference, raising AssertionError with what diff
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,9 +31,10 @@ from pytest_collectives.conformance.cases import (
     laid_out,
     sentinel,
 )
+from pytest_collectives.conformance.inlining import NotInlinable, inlined
 from pytest_collectives.conformance.standalone import (
-    REDUCING,
     FailingCall,
+    algorithm_script,
     backend_modules,
     group_call_script,
 )
@@ -76,34 +78,39 @@ def everyone(pg: Any, case: Case, ranks: list[int], mine: torch.Tensor) -> list[
 
 
 # The registered implementations that are the backend's own call, by name: torch's call each makes, which
-# a failure's standalone reproduction makes again (the others are algorithms: their code is this project's).
+# a failure's standalone reproduction makes again, and the contract it is registered under (the others are
+# algorithms: their code is copied into theirs).
 BACKEND_OWN = {
-    "all_reduce": "all_reduce",
-    "reduce": "reduce",
-    "broadcast": "broadcast",
-    "reduce_scatter_single": "reduce_scatter_tensor",
-    "all_gather_single": "all_gather_into_tensor",
-    "all_to_all_single": "all_to_all_single",
+    "all_reduce": ("all_reduce", "all_reduce"),
+    "reduce": ("reduce", "reduce"),
+    "broadcast": ("broadcast", "broadcast"),
+    "reduce_scatter_single": ("reduce_scatter_tensor", "reduce_scatter"),
+    "all_gather_single": ("all_gather_into_tensor", "all_gather"),
+    "all_to_all_single": ("all_to_all_single", "all_to_all"),
 }
 
 
 def _reproducible(check: Callable[..., None]) -> Callable[..., None]:
-    """``check(pg, implementation, case, *form)``, whose failure on the backend's own call names a
-    standalone reproduction of it. The forms a script is written for are the plain ones (every argument
-    after ``case`` false: out of place, flat, even splits); another form's failure says none was written."""
+    """``check(pg, implementation, case, *form)``, whose failure names a standalone reproduction of the
+    call: the backend's own, or a registered algorithm's with its code. The forms a script is written for
+    are the plain one (every argument after ``case`` false: out of place, flat, even splits) and the one
+    in place (``in_place`` alone true); another form's failure says none was written."""
+    in_place_first = list(inspect.signature(check).parameters)[3:4] == ["in_place"]
 
     @functools.wraps(check)
     def checked(pg: Any, implementation: Callable[..., Any], case: Case, *form: Any, **named: Any) -> None:
         try:
             check(pg, implementation, case, *form, **named)
         except AssertionError as exc:
-            call = BACKEND_OWN.get(name_of(implementation))
-            if call is None:
-                raise
-            if any(form) or any(named.values()):
-                said = f"{WORDS}none written (only the plain form of {call} is written as a script)"
+            name = name_of(implementation)
+            if name not in BACKEND_OWN and getattr(implementation, "operation", None) is None:
+                raise  # a bare function, as a user's own test may hand one: not this project's to copy
+            flags = [bool(value) for value in (*form, *named.values())]
+            if not any(flags) or (in_place_first and flags[0] and not any(flags[1:])):
+                said = _reproduction(pg, implementation, case, str(exc), " in place" if any(flags) else "")
             else:
-                said = _reproduction(pg, call, case, str(exc))
+                call = BACKEND_OWN[name][0] if name in BACKEND_OWN else name
+                said = f"{WORDS}none written (only the plain and in-place forms of {call} are written)"
             raise AssertionError(f"{exc}\n{said}") from None
 
     return checked
@@ -117,32 +124,64 @@ def all_reduce_matches_reference(pg: Any, all_reduce: Callable[..., torch.Tensor
         assert_reduced_close(*out, case.op, case.values)
 
 
-def _reproduction(pg: Any, name: str, case: Case, failure: str) -> str:
-    """The backend's own ``name`` call of ``case`` written as a file that needs only torch and the backend:
-    the line naming it."""
+# The contracts whose checks hand the implementation a tensor in the drawn layout (the others hand it dense
+# tensors), and those that work in place, their output in that layout too.
+_LAID = ("all_reduce", "reduce", "broadcast", "all_to_all")
+_IN_PLACE = ("all_reduce", "reduce", "broadcast")
+
+
+def _reproduction(
+    pg: Any,
+    implementation: Callable[..., Any],
+    case: Case,
+    failure: str,
+    form: str,
+    given: Callable[[int, int], torch.Tensor] | None = None,
+    rows: int = 0,
+) -> str:
+    """``implementation``'s call of ``case`` in ``form`` ("" or " in place") written as a file that needs
+    only torch and the backend (an algorithm's code copied in): the line naming it. A GEMM reduce-scatter
+    hands its inputs flat (``given(r, 0)``: rank r's A, ``given(r, 1)``: its B) and its ``rows``."""
     _, ranks = group_of(pg, case.members)
     n, size = len(ranks), case.size
-    if name in ("reduce_scatter_tensor", "all_to_all_single"):  # inputs per (rank, group rank)
-        shape = (size // n if name == "all_to_all_single" else size,)
+    name = name_of(implementation)
+    torch_call, contract = BACKEND_OWN.get(name) or (None, implementation.operation)
+    if given is not None:
+        shape = (-1,)  # each read flat, and shaped by the script
+    elif contract in ("reduce_scatter", "all_to_all"):  # inputs per (rank, group rank)
+        shape = (size // n if contract == "all_to_all" else size,)
         given = lambda r, p: case.part(pg.seed, r, p, shape[0], n)  # noqa: E731
     else:
         shape, given = (size,), lambda r, _: case.input(pg.seed, r, size, n)  # noqa: E731
-    # the layout the backend saw: all_reduce_direct reduces a dense copy; reduce_scatter's and all_gather's
-    # checks hand dense tensors; all_to_all's output is dense
-    inputs = case.layout if name in ("reduce", "broadcast", "all_to_all_single") else "contiguous"
-    outputs = inputs if name in ("reduce", "broadcast") else "contiguous"
+    # the layout the backend saw: all_reduce_direct reduces a dense copy (an algorithm's script copies the
+    # code that makes one)
+    laid = contract in _LAID and (torch_call != "all_reduce")
+    inputs = case.layout if laid else "contiguous"
+    outputs = inputs if contract in _IN_PLACE else "contiguous"
     call = FailingCall(
-        pg.backend, pg.world_size, name, inputs, outputs, case.dtype, shape, given=given,
+        pg.backend, pg.world_size, torch_call or contract, inputs, outputs, case.dtype, shape, given=given,
         device=pg.device.type, modules=backend_modules(pg.backend), members=tuple(ranks), root=case.root % n,
     )  # fmt: skip
-    op = case.op if name in REDUCING else ""
+    op = case.op if contract in ("all_reduce", "reduce", "reduce_scatter") else ""
     dtype = str(case.dtype).removeprefix("torch.")
     layout = "" if inputs == "contiguous" else inputs  # named where it is not the plain one
-    where = f"the {' '.join(filter(None, (name, op, layout)))} of {size} {dtype} elements on ranks {ranks}"
-    text = group_call_script(call, op, failure.splitlines()[0], f"{where} of {pg.world_size}")
+    named = " ".join(filter(None, (name, op, layout, form.strip())))
+    what = f"{rows} rows a rank" if rows else f"{size} {dtype} elements"
+    where = f"the {named} of {what} on ranks {ranks}"
+    found, written_from = failure.splitlines()[0], f"{where} of {pg.world_size}"
+    if torch_call is not None:
+        text = group_call_script(call, op, found, written_from, form)
+    else:
+        try:
+            code = inlined(implementation.function)
+        except NotInlinable as exc:
+            return f"{WORDS}none written ({exc})"
+        params = dict(implementation.params)
+        text = algorithm_script(call, name, code, params, op, found, written_from, form, rows)
     members = "_".join(map(str, ranks))
-    label = "-".join(filter(None, (pg.backend, name, op, layout, dtype)))
-    return write_reproduction(pg, f"{label}-{size}-ranks{members}-ws{pg.world_size}", text)
+    label = "-".join(filter(None, (pg.backend, torch_call or name, op, layout, form.strip(), dtype)))
+    scale = f"{rows}rows" if rows else size
+    return write_reproduction(pg, f"{label}-{scale}-ranks{members}-ws{pg.world_size}", text)
 
 
 @_reproducible
@@ -185,7 +224,14 @@ def gemm_reduce_scatter_matches_reference(
     mine_a, mine_b = a[me].to(pg.device, copy=True), b[me].to(pg.device, copy=True)
     result = gemm_reduce_scatter(mine_a, mine_b, group=pg.group)
     rows = slice(me * rows_per_rank, (me + 1) * rows_per_rank)
-    assert_gemm_sum_close(result, [x[rows] for x in a], b)
+    try:
+        assert_gemm_sum_close(result, [x[rows] for x in a], b)
+    except AssertionError as exc:
+        if getattr(gemm_reduce_scatter, "function", None) is None:
+            raise  # a bare function, as a user's own test may hand one: not this project's to copy
+        given = lambda r, p: (a[r] if p == 0 else b[r]).flatten()  # noqa: E731
+        said = _reproduction(pg, gemm_reduce_scatter, case, str(exc), "", given=given, rows=rows_per_rank)
+        raise AssertionError(f"{exc}\n{said}") from None
     assert_unchanged(mine_a, a[me], f"{name_of(gemm_reduce_scatter)}'s A on rank {me}")
     assert_unchanged(mine_b, b[me], f"{name_of(gemm_reduce_scatter)}'s B on rank {me}")
 

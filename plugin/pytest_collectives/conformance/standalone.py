@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from pytest_collectives.algorithms.reference import PREMUL_FACTOR
+from pytest_collectives.conformance.inlining import Inlined
 
 # Each call of the layout test as torch documents it, in the script's words: ``given(r, p)`` is what rank r
 # sends rank p, ``laid`` puts a tensor in the inputs' layout and ``unwritten`` makes an output in the
@@ -117,20 +118,25 @@ def layout_script(call: FailingCall, found: str, written_from: str) -> str | Non
 
 
 def _script(
-    call: FailingCall, title: str, lines: str, found: str, written_from: str, op: str = ""
+    call: FailingCall, title: str, lines: str, found: str, written_from: str, op: str = "",
+    code: Inlined | None = None,
 ) -> str | None:
     """The file: ``call``'s inputs, layouts and backend, and ``lines``, the body of its ``call(me)`` under
-    reduce op ``op``; None where the inputs are too many to write inline (a failure at 97 elements gives a
-    file read in a minute)."""
+    reduce op ``op``, after ``code`` (an algorithm's, copied in); None where the inputs are too many to
+    write inline (a failure at 97 elements gives a file read in a minute)."""
     members = call.members or tuple(range(call.world_size))
-    peers = range(len(members)) if _takes_peers(call.name) else range(1)
-    if len(members) * len(peers) * math.prod(call.shape) > INLINE_LIMIT:
+    peers = range(len(members)) if _takes_peers(call.name) else range(_PARTS.get(call.name, 1))
+    given = [[call.given(r, p) for p in peers] if r in members else None for r in range(call.world_size)]
+    if sum(part.numel() for parts in given if parts for part in parts) > INLINE_LIMIT:
         return None
-    inputs = [
-        [_literal(call.given(r, p)) for p in peers] if r in members else None for r in range(call.world_size)
-    ]
+    inputs = [None if parts is None else [_literal(part) for part in parts] for parts in given]
     kind = _kind(call.dtype)
     imports = "".join(f"import {module}  # registers {call.backend}\n" for module in call.modules)
+    definitions = ""
+    if code is not None:
+        imports += "".join(f"{line}\n" for line in code.imports if line not in _TEMPLATE.splitlines())
+        definitions = f"# The algorithm that failed, as it was run: {code.name} and what it calls.\n\n\n"
+        definitions += f"{code.code}\n\n\n"
     return _TEMPLATE.format(
         title=title,
         found=textwrap.fill(
@@ -153,6 +159,7 @@ def _script(
         premul_factor=PREMUL_FACTOR,
         root=call.root % len(members),
         op_code=_op_code(op),
+        definitions=definitions,
     )
 
 
@@ -188,6 +195,9 @@ def _layouts(call: FailingCall) -> str:
 def _takes_peers(name: str) -> bool:
     """Whether a rank sends each peer its own part (the inputs are then per (rank, peer))."""
     return name in {"scatter", "reduce_scatter", "all_to_all", "reduce_scatter_tensor", "all_to_all_single"}
+
+
+_PARTS = {"gemm_reduce_scatter": 2}  # the inputs a rank has where it is not one: a GEMM's A and B
 
 
 def _kind(dtype: torch.dtype) -> str:
@@ -227,6 +237,19 @@ GROUP_CALL_LINES = {
     wanted = reduced({op!r}, [given(r, at) for r in members])
     return [("reduce_scatter_tensor {op} in the group of ranks {members}", output, wanted),
             ("its input, after the call", source, exactly(kept))]""",
+    "reduce_scatter_tensor in place": """
+    source = laid(torch.cat([given(me, p) for p in range(len(members))]))
+    output = source.view(len(members), -1)[at]  # in place: this rank's own block of the input
+    dist.reduce_scatter_tensor(output, source, op=OP, group=group)
+    wanted = reduced({op!r}, [given(r, at) for r in members])
+    return [("reduce_scatter_tensor {op} in place in the group of ranks {members}", output, wanted)]""",
+    "all_gather_into_tensor in place": """
+    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
+    mine = output.view(len(members), -1)[at]  # in place: this rank's own block of the output
+    mine.copy_(given(me))
+    dist.all_gather_into_tensor(output, mine, group=group)
+    return [("all_gather_into_tensor in place in the group of ranks {members}", output,
+             exactly(torch.cat([given(r) for r in members])))]""",
     "all_gather_into_tensor": """
     output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
     mine = laid(given(me))
@@ -252,16 +275,111 @@ GROUP_LINES = """
     at = members.index(me)  # this rank's rank in the group{body}"""
 
 
-def group_call_script(call: FailingCall, op: str, found: str, written_from: str) -> str | None:
+def group_call_script(
+    call: FailingCall, op: str, found: str, written_from: str, form: str = ""
+) -> str | None:
     """The standalone reproduction of the backend's own ``call.name`` (one of GROUP_CALL_LINES') as the
     conformance checks make it, on the group of ``call.members`` under reduce op ``op`` ("" where the call
-    takes none), rooted at group rank ``call.root`` where it has a root."""
+    takes none), rooted at group rank ``call.root`` where it has a root, in ``form`` ("", or " in place")."""
     members = list(call.members or range(call.world_size))
-    body = GROUP_CALL_LINES[call.name].format(members=members, op=op)
-    named = " ".join(filter(None, (call.name, op)))
+    body = GROUP_CALL_LINES[call.name + form].format(members=members, op=op)
+    named = " ".join(filter(None, (call.name, op, form.strip())))
     title = f"{call.backend}: {named} on ranks {members} of {call.world_size}"
     lines = GROUP_LINES.format(members=members, body=body)
     return _script(call, f"{title}, {call.dtype}", lines, found, written_from, op)
+
+
+# How the conformance checks call a registered algorithm of each contract (registry.CONTRACTS) on the drawn
+# group, in its plain form (out of place, flat, even splits) or in place where the contract allows it:
+# {call} is the algorithm, its code copied into the script; {params} its registered parameters. Each
+# returns what to check, as GROUP_CALL_LINES do.
+ALGORITHM_CALL_LINES = {
+    "all_reduce": """
+    tensor = laid(given(me))
+    {call}(tensor, OP, group=group{params})
+    wanted = reduced({op!r}, [given(r) for r in members])
+    return [("{name} {op} in the group of ranks {members}", tensor, wanted)]""",
+    "reduce": """
+    tensor = laid(given(me))
+    {call}(tensor, ROOT, OP, group=group{params})
+    if at != ROOT:
+        return []  # the root's result alone is specified
+    wanted = reduced({op!r}, [given(r) for r in members])
+    return [(f"{name} {op} to group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
+    "broadcast": """
+    tensor = laid(given(me)) if at == ROOT else unwritten(SHAPE)
+    {call}(tensor, ROOT, group=group{params})
+    wanted = exactly(given(members[ROOT]))
+    return [(f"{name} from group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
+    "reduce_scatter": """
+    output = unwritten(SHAPE)
+    kept = torch.cat([given(me, p) for p in range(len(members))])
+    source = kept.clone()
+    {call}(output, source, OP, group=group{params})
+    wanted = reduced({op!r}, [given(r, at) for r in members])
+    return [("{name} {op} in the group of ranks {members}", output, wanted),
+            ("its input, after the call", source, exactly(kept))]""",
+    "reduce_scatter in place": """
+    source = torch.cat([given(me, p) for p in range(len(members))])
+    output = source.view(len(members), -1)[at]  # in place: this rank's own block of the input
+    {call}(output, source, OP, group=group{params})
+    wanted = reduced({op!r}, [given(r, at) for r in members])
+    return [("{name} {op} in place in the group of ranks {members}", output, wanted)]""",
+    "all_gather in place": """
+    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
+    mine = output.view(len(members), -1)[at]  # in place: this rank's own block of the output
+    mine.copy_(given(me))
+    {call}(output, mine, group=group{params})
+    return [("{name} in place in the group of ranks {members}", output,
+             exactly(torch.cat([given(r) for r in members])))]""",
+    "all_gather": """
+    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
+    mine = given(me)
+    {call}(output, mine, group=group{params})
+    return [("{name} in the group of ranks {members}", output,
+             exactly(torch.cat([given(r) for r in members]))),
+            ("its input, after the call", mine, exactly(given(me)))]""",
+    "all_to_all": """
+    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
+    kept = torch.cat([given(me, p) for p in range(len(members))])
+    source = laid(kept)
+    {call}(output, source, None, None, group=group{params})  # even splits
+    return [("{name} in the group of ranks {members}", output,
+             exactly(torch.cat([given(r, at) for r in members]))),
+            ("its input, after the call", source, exactly(kept))]""",
+    "gemm_reduce_scatter": """
+    rows = {rows}  # of the result, on each rank: A has rows * WORLD_SIZE, B's columns are the result's
+    a = [given(r, 0).reshape(rows * WORLD_SIZE, -1) for r in range(WORLD_SIZE)]  # each rank's own inner size
+    b = [given(r, 1).reshape(a[r].shape[1], -1) for r in range(WORLD_SIZE)]
+    result = {call}(a[me].clone(), b[me].clone(), group=group{params})
+    mine = slice(at * rows, (at + 1) * rows)
+    pairs = [(widen(a[r][mine]), widen(b[r])) for r in range(WORLD_SIZE)]
+    exact = sum(x @ y for x, y in pairs)
+    # each element sums WORLD_SIZE dot products of up to K terms: any order rounds within (K + n - 1) eps
+    terms = max(x.shape[1] for x, _ in pairs) + WORLD_SIZE - 1
+    eps = torch.finfo(DTYPE).eps
+    slack = 2 * terms * eps * sum(x.abs() @ y.abs() for x, y in pairs) + eps * exact.abs()
+    return [("{name}: this rank's rows of the sum over ranks of A @ B", result, (narrow(exact), slack))]""",
+}
+
+
+def algorithm_script(
+    call: FailingCall, algorithm: str, code: Inlined, params: dict[str, object], op: str, found: str,
+    written_from: str, form: str = "", rows: int = 0,
+) -> str | None:
+    """The standalone reproduction of registered algorithm ``algorithm`` (its name with its parameters) of
+    contract ``call.name``, its ``code`` copied in, as the conformance checks call it on the group of
+    ``call.members`` under reduce op ``op`` ("" where it takes none), in ``form`` ("", or " in place");
+    ``rows``: a GEMM reduce-scatter's rows of the result on each rank."""
+    members = list(call.members or range(call.world_size))
+    arguments = "".join(f", {key}={value!r}" for key, value in params.items())
+    body = ALGORITHM_CALL_LINES[call.name + form].format(
+        call=code.name, params=arguments, name=algorithm, op=op, members=members, rows=rows
+    )
+    named = " ".join(filter(None, (algorithm, op, form.strip())))
+    title = f"{call.backend}: the {call.name} algorithm {named} on ranks {members} of {call.world_size}"
+    lines = GROUP_LINES.format(members=members, body=body)
+    return _script(call, f"{title}, {call.dtype}", lines, found, written_from, op, code)
 
 
 # A message the failing example sent from rank SRC to rank DST, by one of the three ways torch offers;
@@ -446,7 +564,7 @@ def report(me, what, got, want, slack=0):  # print what came back against what w
     return not bad
 
 
-def call(me):{call}
+{definitions}def call(me):{call}
 
 
 def rank(me, port, failed):
