@@ -33,6 +33,8 @@ from pytest_collectives.conformance.cases import (
 )
 from pytest_collectives.conformance.inlining import NotInlinable, inlined
 from pytest_collectives.conformance.standalone import (
+    ALGORITHM_CALL_LINES,
+    GROUP_CALL_LINES,
     FailingCall,
     algorithm_script,
     backend_modules,
@@ -90,12 +92,16 @@ BACKEND_OWN = {
 }
 
 
+# The words of each form a check draws beside the plain one, by the check's argument that draws it: a
+# script is written for each form (and combination) its call has lines for.
+FORMS = {"in_place": "in place", "stacked": "stacked", "splits": "uneven"}
+
+
 def _reproducible(check: Callable[..., None]) -> Callable[..., None]:
     """``check(pg, implementation, case, *form)``, whose failure names a standalone reproduction of the
-    call: the backend's own, or a registered algorithm's with its code. The forms a script is written for
-    are the plain one (every argument after ``case`` false: out of place, flat, even splits) and the one
-    in place (``in_place`` alone true); another form's failure says none was written."""
-    in_place_first = list(inspect.signature(check).parameters)[3:4] == ["in_place"]
+    call: the backend's own, or a registered algorithm's with its code, in the form drawn (each argument
+    after ``case`` that is set names one: FORMS); a form no script is written for says so."""
+    drawn = list(inspect.signature(check).parameters)[3:]
 
     @functools.wraps(check)
     def checked(pg: Any, implementation: Callable[..., Any], case: Case, *form: Any, **named: Any) -> None:
@@ -105,12 +111,9 @@ def _reproducible(check: Callable[..., None]) -> Callable[..., None]:
             name = name_of(implementation)
             if name not in BACKEND_OWN and getattr(implementation, "operation", None) is None:
                 raise  # a bare function, as a user's own test may hand one: not this project's to copy
-            flags = [bool(value) for value in (*form, *named.values())]
-            if not any(flags) or (in_place_first and flags[0] and not any(flags[1:])):
-                said = _reproduction(pg, implementation, case, str(exc), " in place" if any(flags) else "")
-            else:
-                call = BACKEND_OWN[name][0] if name in BACKEND_OWN else name
-                said = f"{WORDS}none written (only the plain and in-place forms of {call} are written)"
+            values = {**dict(zip(drawn, form, strict=False)), **named}
+            words = " ".join(FORMS.get(key, key) for key, value in values.items() if value)
+            said = _reproduction(pg, implementation, case, str(exc), words, splits=values.get("splits"))
             raise AssertionError(f"{exc}\n{said}") from None
 
     return checked
@@ -138,16 +141,25 @@ def _reproduction(
     form: str,
     given: Callable[[int, int], torch.Tensor] | None = None,
     rows: int = 0,
+    splits: list[list[int]] | None = None,
 ) -> str:
-    """``implementation``'s call of ``case`` in ``form`` ("" or " in place") written as a file that needs
-    only torch and the backend (an algorithm's code copied in): the line naming it. A GEMM reduce-scatter
-    hands its inputs flat (``given(r, 0)``: rank r's A, ``given(r, 1)``: its B) and its ``rows``."""
+    """``implementation``'s call of ``case`` in ``form`` (FORMS' words, "" for the plain one) written as
+    a file that needs only torch and the backend (an algorithm's code copied in): the line naming it. A
+    GEMM reduce-scatter hands its inputs flat (``given(r, 0)``: rank r's A, ``given(r, 1)``: its B) and
+    its ``rows``; an uneven all-to-all its drawn ``splits``."""
     _, ranks = group_of(pg, case.members)
     n, size = len(ranks), case.size
     name = name_of(implementation)
     torch_call, contract = BACKEND_OWN.get(name) or (None, implementation.operation)
+    key = " ".join(filter(None, (torch_call or contract, form)))
+    if key not in (GROUP_CALL_LINES if torch_call else ALGORITHM_CALL_LINES):
+        return f"{WORDS}none written (the {form} form of {torch_call or name} is not written as a script)"
+    sizes = None if splits is None else [row[:n] for row in splits[:n]]  # folded onto the group, as drawn
     if given is not None:
         shape = (-1,)  # each read flat, and shaped by the script
+    elif sizes is not None:
+        shape = (-1,)
+        given = lambda r, p: case.part(pg.seed, r, p, sizes[ranks.index(r)][p], n)  # noqa: E731
     elif contract in ("reduce_scatter", "all_to_all"):  # inputs per (rank, group rank)
         shape = (size // n if contract == "all_to_all" else size,)
         given = lambda r, p: case.part(pg.seed, r, p, shape[0], n)  # noqa: E731
@@ -165,21 +177,21 @@ def _reproduction(
     op = case.op if contract in ("all_reduce", "reduce", "reduce_scatter") else ""
     dtype = str(case.dtype).removeprefix("torch.")
     layout = "" if inputs == "contiguous" else inputs  # named where it is not the plain one
-    named = " ".join(filter(None, (name, op, layout, form.strip())))
+    named = " ".join(filter(None, (name, op, layout, form)))
     what = f"{rows} rows a rank" if rows else f"{size} {dtype} elements"
     where = f"the {named} of {what} on ranks {ranks}"
     found, written_from = failure.splitlines()[0], f"{where} of {pg.world_size}"
     if torch_call is not None:
-        text = group_call_script(call, op, found, written_from, form)
+        text = group_call_script(call, op, found, written_from, form, sizes)
     else:
         try:
             code = inlined(implementation.function)
         except NotInlinable as exc:
             return f"{WORDS}none written ({exc})"
         params = dict(implementation.params)
-        text = algorithm_script(call, name, code, params, op, found, written_from, form, rows)
+        text = algorithm_script(call, name, code, params, op, found, written_from, form, rows, sizes)
     members = "_".join(map(str, ranks))
-    label = "-".join(filter(None, (pg.backend, torch_call or name, op, layout, form.strip(), dtype)))
+    label = "-".join(filter(None, (pg.backend, torch_call or name, op, layout, form, dtype)))
     scale = f"{rows}rows" if rows else size
     return write_reproduction(pg, f"{label}-{scale}-ranks{members}-ws{pg.world_size}", text)
 
@@ -230,7 +242,7 @@ def gemm_reduce_scatter_matches_reference(
         if getattr(gemm_reduce_scatter, "function", None) is None:
             raise  # a bare function, as a user's own test may hand one: not this project's to copy
         given = lambda r, p: (a[r] if p == 0 else b[r]).flatten()  # noqa: E731
-        said = _reproduction(pg, gemm_reduce_scatter, case, str(exc), "", given=given, rows=rows_per_rank)
+        said = _reproduction(pg, gemm_reduce_scatter, case, str(exc), "", given, rows_per_rank)
         raise AssertionError(f"{exc}\n{said}") from None
     assert_unchanged(mine_a, a[me], f"{name_of(gemm_reduce_scatter)}'s A on rank {me}")
     assert_unchanged(mine_b, b[me], f"{name_of(gemm_reduce_scatter)}'s B on rank {me}")

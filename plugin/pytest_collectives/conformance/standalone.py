@@ -7,9 +7,12 @@ attaches to a bug report: it needs neither this plugin nor pytest nor hypothesis
 
 from __future__ import annotations
 
+import base64
+import ctypes
 import dataclasses
 import math
 import textwrap
+import zlib
 from collections.abc import Callable
 
 import torch
@@ -78,6 +81,9 @@ CALL_LINES = {
     return [(f"recv from rank {source}", output, exactly(given(source)))]""",
 }
 INLINE_LIMIT = 8192  # the most input elements, over every rank, a reproduction writes inline
+# the most it writes at all: more are packed (compressed, in base64) into the file, so that it still runs
+# alone, up to this many
+PACKED_LIMIT = 1 << 15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +116,11 @@ def backend_modules(backend: str) -> tuple[str, ...]:
     return (module,) if module and module != "__main__" else ()
 
 
+def _key(call: FailingCall, form: str) -> str:
+    """The lines of ``call`` in ``form`` ("" for the plain one)."""
+    return " ".join(filter(None, (call.name, form)))
+
+
 def layout_script(call: FailingCall, found: str, written_from: str) -> str | None:
     """The standalone reproduction of ``call``: ``found`` is the failure's first line, ``written_from`` the
     test (and seed) it came from."""
@@ -122,14 +133,20 @@ def _script(
     code: Inlined | None = None,
 ) -> str | None:
     """The file: ``call``'s inputs, layouts and backend, and ``lines``, the body of its ``call(me)`` under
-    reduce op ``op``, after ``code`` (an algorithm's, copied in); None where the inputs are too many to
-    write inline (a failure at 97 elements gives a file read in a minute)."""
+    reduce op ``op``, after ``code`` (an algorithm's, copied in); the inputs written inline (a failure at
+    97 elements gives a file read in a minute), or packed where they are many; None where they are too
+    many for that."""
     members = call.members or tuple(range(call.world_size))
     peers = range(len(members)) if _takes_peers(call.name) else range(_PARTS.get(call.name, 1))
     given = [[call.given(r, p) for p in peers] if r in members else None for r in range(call.world_size)]
-    if sum(part.numel() for parts in given if parts for part in parts) > INLINE_LIMIT:
+    count = sum(part.numel() for parts in given if parts for part in parts)
+    if count > PACKED_LIMIT:
         return None
-    inputs = [None if parts is None else [_literal(part) for part in parts] for parts in given]
+    packed = "None"
+    if count > INLINE_LIMIT:
+        written, packed = _packed(given)
+    else:
+        written = _written_out([None if ps is None else [_literal(part) for part in ps] for ps in given])
     kind = _kind(call.dtype)
     imports = "".join(f"import {module}  # registers {call.backend}\n" for module in call.modules)
     definitions = ""
@@ -152,7 +169,8 @@ def _script(
         fill=_FILL[kind],
         wide=_WIDE[kind],
         as_bits=str(call.dtype) == "torch.uint64",
-        inputs=_written_out(inputs),
+        inputs=written,
+        packed=packed,
         inputs_layout=call.inputs_layout,
         outputs_layout=call.outputs_layout,
         call=lines,
@@ -250,6 +268,30 @@ GROUP_CALL_LINES = {
     dist.all_gather_into_tensor(output, mine, group=group)
     return [("all_gather_into_tensor in place in the group of ranks {members}", output,
              exactly(torch.cat([given(r) for r in members])))]""",
+    "all_gather_into_tensor stacked": """
+    output = unwritten((len(members), *SHAPE))  # stacked: a row a rank, which torch documents
+    mine = given(me)
+    dist.all_gather_into_tensor(output, mine, group=group)
+    return [("all_gather_into_tensor stacked in the group of ranks {members}", output,
+             exactly(torch.stack([given(r) for r in members]))),
+            ("its input, after the call", mine, exactly(given(me)))]""",
+    "all_gather_into_tensor in place stacked": """
+    output = unwritten((len(members), *SHAPE))  # stacked: a row a rank, which torch documents
+    mine = output[at]  # in place: this rank's own row of the output
+    mine.copy_(given(me))
+    dist.all_gather_into_tensor(output, mine, group=group)
+    return [("all_gather_into_tensor in place stacked in the group of ranks {members}", output,
+             exactly(torch.stack([given(r) for r in members])))]""",
+    "all_to_all_single uneven": """
+    splits = {splits!r}  # splits[i][j]: what group rank i sends group rank j
+    column = [row[at] for row in splits]
+    output = unwritten((sum(column),))
+    kept = torch.cat([given(me, p) for p in range(len(members))])
+    source = laid(kept)
+    dist.all_to_all_single(output, source, column, splits[at], group=group)
+    return [("all_to_all_single uneven in the group of ranks {members}", output,
+             exactly(torch.cat([given(r, at) for r in members]))),
+            ("its input, after the call", source, exactly(kept))]""",
     "all_gather_into_tensor": """
     output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
     mine = laid(given(me))
@@ -276,14 +318,16 @@ GROUP_LINES = """
 
 
 def group_call_script(
-    call: FailingCall, op: str, found: str, written_from: str, form: str = ""
+    call: FailingCall, op: str, found: str, written_from: str, form: str = "",
+    splits: list[list[int]] | None = None,
 ) -> str | None:
-    """The standalone reproduction of the backend's own ``call.name`` (one of GROUP_CALL_LINES') as the
-    conformance checks make it, on the group of ``call.members`` under reduce op ``op`` ("" where the call
-    takes none), rooted at group rank ``call.root`` where it has a root, in ``form`` ("", or " in place")."""
+    """The standalone reproduction of the backend's own ``call.name`` (in ``form``: one of
+    GROUP_CALL_LINES') as the conformance checks make it, on the group of ``call.members`` under reduce op
+    ``op`` ("" where the call takes none), rooted at group rank ``call.root`` where it has a root; an
+    uneven all-to-all's ``splits[i][j]`` is what group rank i sends group rank j."""
     members = list(call.members or range(call.world_size))
-    body = GROUP_CALL_LINES[call.name + form].format(members=members, op=op)
-    named = " ".join(filter(None, (call.name, op, form.strip())))
+    body = GROUP_CALL_LINES[_key(call, form)].format(members=members, op=op, splits=splits)
+    named = " ".join(filter(None, (call.name, op, form)))
     title = f"{call.backend}: {named} on ranks {members} of {call.world_size}"
     lines = GROUP_LINES.format(members=members, body=body)
     return _script(call, f"{title}, {call.dtype}", lines, found, written_from, op)
@@ -347,6 +391,16 @@ ALGORITHM_CALL_LINES = {
     return [("{name} in the group of ranks {members}", output,
              exactly(torch.cat([given(r, at) for r in members]))),
             ("its input, after the call", source, exactly(kept))]""",
+    "all_to_all uneven": """
+    splits = {splits!r}  # splits[i][j]: what group rank i sends group rank j
+    column = [row[at] for row in splits]
+    output = unwritten((sum(column),))
+    kept = torch.cat([given(me, p) for p in range(len(members))])
+    source = laid(kept)
+    {call}(output, source, column, splits[at], group=group{params})
+    return [("{name} uneven in the group of ranks {members}", output,
+             exactly(torch.cat([given(r, at) for r in members]))),
+            ("its input, after the call", source, exactly(kept))]""",
     "gemm_reduce_scatter": """
     rows = {rows}  # of the result, on each rank: A has rows * WORLD_SIZE, B's columns are the result's
     a = [given(r, 0).reshape(rows * WORLD_SIZE, -1) for r in range(WORLD_SIZE)]  # each rank's own inner size
@@ -365,18 +419,19 @@ ALGORITHM_CALL_LINES = {
 
 def algorithm_script(
     call: FailingCall, algorithm: str, code: Inlined, params: dict[str, object], op: str, found: str,
-    written_from: str, form: str = "", rows: int = 0,
+    written_from: str, form: str = "", rows: int = 0, splits: list[list[int]] | None = None,
 ) -> str | None:
     """The standalone reproduction of registered algorithm ``algorithm`` (its name with its parameters) of
     contract ``call.name``, its ``code`` copied in, as the conformance checks call it on the group of
-    ``call.members`` under reduce op ``op`` ("" where it takes none), in ``form`` ("", or " in place");
-    ``rows``: a GEMM reduce-scatter's rows of the result on each rank."""
+    ``call.members`` under reduce op ``op`` ("" where it takes none), in ``form`` (one of
+    ALGORITHM_CALL_LINES'); ``rows``: a GEMM reduce-scatter's rows of the result on each rank; ``splits``
+    an uneven all-to-all's."""
     members = list(call.members or range(call.world_size))
     arguments = "".join(f", {key}={value!r}" for key, value in params.items())
-    body = ALGORITHM_CALL_LINES[call.name + form].format(
-        call=code.name, params=arguments, name=algorithm, op=op, members=members, rows=rows
+    body = ALGORITHM_CALL_LINES[_key(call, form)].format(
+        call=code.name, params=arguments, name=algorithm, op=op, members=members, rows=rows, splits=splits
     )
-    named = " ".join(filter(None, (algorithm, op, form.strip())))
+    named = " ".join(filter(None, (algorithm, op, form)))
     title = f"{call.backend}: the {call.name} algorithm {named} on ranks {members} of {call.world_size}"
     lines = GROUP_LINES.format(members=members, body=body)
     return _script(call, f"{title}, {call.dtype}", lines, found, written_from, op, code)
@@ -422,18 +477,42 @@ _FILL = {"bool": "False", "complex": "complex('nan')", "float": "float('nan')", 
 _WIDE = {"bool": "torch.bool", "complex": "torch.complex128", "float": "torch.float64", "int": "torch.int64"}
 
 
-def _literal(tensor: torch.Tensor) -> list[object]:
-    """``tensor``'s values, flat, as Python writes them (uint64 as the int64 of the same bits)."""
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values, flat, in the dtype a script writes them in (uint64 as the int64 of the same
+    bits)."""
     flat = tensor.detach().cpu().contiguous().flatten()
     if flat.dtype == getattr(torch, "uint64", None):  # torch 2.3 and later
-        flat = flat.view(torch.int64)
-    elif flat.dtype.is_floating_point:
-        flat = flat.to(torch.float64)
-    elif flat.dtype.is_complex:
-        flat = flat.to(torch.complex128)
-    elif flat.dtype != torch.bool:
-        flat = flat.to(torch.int64)
-    return [_written(v) for v in flat.tolist()]
+        return flat.view(torch.int64)
+    if flat.dtype.is_floating_point:
+        return flat.to(torch.float64)
+    if flat.dtype.is_complex:
+        return flat.to(torch.complex128)
+    return flat if flat.dtype == torch.bool else flat.to(torch.int64)
+
+
+def _literal(tensor: torch.Tensor) -> list[object]:
+    """``tensor``'s values, flat, as Python writes them."""
+    return [_written(v) for v in _wide(tensor).tolist()]
+
+
+def _packed(given: list[list[torch.Tensor] | None]) -> tuple[str, str]:
+    """INPUTS as (first, count) of each part's values in PACKED, and PACKED: every part's values one after
+    another, their bytes compressed and in base64, as lines of a string literal."""
+    parts = [part for parts in given if parts for part in parts]
+    flat = torch.cat([_wide(part) for part in parts]) if parts else torch.empty(0)
+    data = ctypes.string_at(flat.data_ptr(), flat.numel() * flat.element_size())
+    text = base64.b64encode(zlib.compress(data, 1)).decode()
+    lines = "\n".join(f'    "{text[at:at + 96]}"' for at in range(0, len(text), 96))
+    first, inputs = 0, []
+    for parts in given:
+        places = None
+        if parts is not None:
+            places = []
+            for part in parts:
+                places.append((first, part.numel()))
+                first += part.numel()
+        inputs.append(places)
+    return repr(inputs), f"(\n{lines}\n)"
 
 
 class _Name(str):
@@ -460,8 +539,10 @@ machine, makes the call, and prints on each rank what came back against what was
 the bug is there, 0 once it is fixed.
 """
 
+import base64
 import socket
 import sys
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -478,12 +559,20 @@ PREMUL_FACTOR = {premul_factor}  # PREMUL_SUM's factor, where the call takes one
 OP = {op_code}  # the call's reduce op, where it takes one
 nan, inf = float("nan"), float("inf")
 # INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
-# same), flat, as the failing example had them; None for a rank outside the call's group
+# same), flat, as the failing example had them; None for a rank outside the call's group. Where they are
+# too many to read, each is (first, count) of the values in PACKED, their WIDE bytes compressed in base64.
 INPUTS = {inputs}
+PACKED = {packed}
+VALUES = PACKED and torch.frombuffer(bytearray(zlib.decompress(base64.b64decode(PACKED))), dtype=WIDE)
 
 
 def given(r, p=0):
-    return narrow(torch.tensor(INPUTS[r][p], dtype=WIDE)).reshape(SHAPE).to(DEVICE)
+    if VALUES is None:
+        values = torch.tensor(INPUTS[r][p], dtype=WIDE)
+    else:
+        first, count = INPUTS[r][p]
+        values = VALUES[first : first + count]
+    return narrow(values).reshape(SHAPE).to(DEVICE)
 
 
 def narrow(values):  # WIDE values as DTYPE (uint64's bits as they are)

@@ -30,9 +30,9 @@ CLOSEST = "its closest thing, "  # what names a record where a failure cannot be
 def write_reproduction(pg: Any, name: str, text: str | None) -> str:
     """Write ``text`` as ``name``.py in the running test's reproductions folder: the line that names it,
     for the failure's message (or says why none was written; ``text`` is None where the failing example's
-    inputs are too many to write inline)."""
+    inputs are too many to write)."""
     if text is None:
-        return f"{WORDS}none written (the failing example's inputs are too many to write inline)"
+        return f"{WORDS}none written (the failing example's inputs are over 32768 elements)"
     if not getattr(pg, "reproductions", ""):
         return f"{WORDS}none written (no reproductions folder outside a pytest session)"
     path, error = _written(pg.reproductions, name + ".py", text)
