@@ -250,7 +250,7 @@ GROUP_CALL_LINES = {
     "reduce_scatter_tensor": """
     output = unwritten(SHAPE)
     kept = torch.cat([given(me, p) for p in range(len(members))])
-    source = laid(kept)
+    source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
     dist.reduce_scatter_tensor(output, source, op=OP, group=group)
     wanted = reduced({op!r}, [given(r, at) for r in members])
     return [("reduce_scatter_tensor {op} in the group of ranks {members}", output, wanted),
@@ -287,7 +287,7 @@ GROUP_CALL_LINES = {
     column = [row[at] for row in splits]
     output = unwritten((sum(column),))
     kept = torch.cat([given(me, p) for p in range(len(members))])
-    source = laid(kept)
+    source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
     dist.all_to_all_single(output, source, column, splits[at], group=group)
     return [("all_to_all_single uneven in the group of ranks {members}", output,
              exactly(torch.cat([given(r, at) for r in members]))),
@@ -302,7 +302,7 @@ GROUP_CALL_LINES = {
     "all_to_all_single": """
     output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
     kept = torch.cat([given(me, p) for p in range(len(members))])
-    source = laid(kept)
+    source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
     dist.all_to_all_single(output, source, group=group)
     return [("all_to_all_single in the group of ranks {members}", output,
              exactly(torch.cat([given(r, at) for r in members]))),
@@ -386,7 +386,7 @@ ALGORITHM_CALL_LINES = {
     "all_to_all": """
     output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
     kept = torch.cat([given(me, p) for p in range(len(members))])
-    source = laid(kept)
+    source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
     {call}(output, source, None, None, group=group{params})  # even splits
     return [("{name} in the group of ranks {members}", output,
              exactly(torch.cat([given(r, at) for r in members]))),
@@ -396,7 +396,7 @@ ALGORITHM_CALL_LINES = {
     column = [row[at] for row in splits]
     output = unwritten((sum(column),))
     kept = torch.cat([given(me, p) for p in range(len(members))])
-    source = laid(kept)
+    source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
     {call}(output, source, column, splits[at], group=group{params})
     return [("{name} uneven in the group of ranks {members}", output,
              exactly(torch.cat([given(r, at) for r in members]))),
