@@ -135,6 +135,24 @@ def test_a_reproduction_of_a_call_gloo_gets_right_exits_0(tmp_path: Path) -> Non
 
 
 
+
+def test_a_call_that_never_returns_is_named_hung_and_exits_1(tmp_path: Path) -> None:
+    """A hang is the bug too: a script whose send never happens (its sender sleeps, its receiver waits)
+    says which ranks are still in the call and exits 1 at its HANG, instead of waiting forever."""
+    call = FailingCall(
+        "gloo", 2, "send_recv", "contiguous", "contiguous", torch.int64, (5,),
+        given=lambda r, p: rank_input(7, r, (5,), torch.int64),
+    )  # fmt: skip
+    text = point_to_point_script(call, "send_recv", 0, 1, "(none)", "this test")
+    assert text and "\nHANG = 120  #" in text and "dist.send(payload, dst)" in text
+    script = tmp_path / "hangs.py"
+    never_sends = text.replace("dist.send(payload, dst)", "time.sleep(600)", 1)
+    script.write_text(never_sends.replace("\nHANG = 120  #", "\nHANG = 5  #"))
+    run = _run_alone(script)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "rank(s) [0, 1] still in the call after 5 s: it hangs" in run.stdout, run.stdout + run.stderr
+
+
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
 @pytest.mark.parametrize(
     ("mutant", "select", "scripts"),

@@ -11,23 +11,31 @@ machine, makes the call, and prints on each rank what came back against what was
 the bug is there, 0 once it is fixed.
 """
 
-import socket
+import base64
+import os
 import sys
+import tempfile
+import time
+import zlib
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 BACKEND, WORLD_SIZE, DEVICE = 'gloo', 2, 'cpu'
-ROOT = WORLD_SIZE - 1  # the call's root, where it has one
+ROOT = 1  # the call's root, where it has one: a rank of its group
 DTYPE, SHAPE = torch.float32, (2, 3, 2, 5)
 INPUTS_LAYOUT, OUTPUTS_LAYOUT = 'channels_last', 'contiguous'
 FILL = float('nan')  # what outputs start as, and no input holds: an element never written shows
 WIDE = torch.float64  # the dtype the inputs are written in, and a sum is exact in
 AS_BITS = False  # uint64's inputs are written as the int64 of the same bits
+PREMUL_FACTOR = 2.0  # PREMUL_SUM's factor, where the call takes one
+HANG = 120  # seconds: a rank not done by then is hung in the call
+OP = dist.ReduceOp.SUM  # the call's reduce op, where it takes one
 nan, inf = float("nan"), float("inf")
-# INPUTS[r][p]: what rank r sends rank p (INPUTS[r][0]: its one input, where it sends all ranks the same),
-# flat, as the failing example had them
+# INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
+# same), flat, as the failing example had them; None for a rank outside the call's group. Where they are
+# too many to read, each is (first, count) of the values in PACKED, their WIDE bytes compressed in base64.
 INPUTS = [
     [  # rank 0
         [
@@ -102,10 +110,17 @@ INPUTS = [
         ],
     ],
 ]
+PACKED = None
+VALUES = PACKED and torch.frombuffer(bytearray(zlib.decompress(base64.b64decode(PACKED))), dtype=WIDE)
 
 
 def given(r, p=0):
-    return narrow(torch.tensor(INPUTS[r][p], dtype=WIDE)).reshape(SHAPE).to(DEVICE)
+    if VALUES is None:
+        values = torch.tensor(INPUTS[r][p], dtype=WIDE)
+    else:
+        first, count = INPUTS[r][p]
+        values = VALUES[first : first + count]
+    return narrow(values).reshape(SHAPE).to(DEVICE)
 
 
 def narrow(values):  # WIDE values as DTYPE (uint64's bits as they are)
@@ -123,7 +138,17 @@ def arranged(tensor, layout):
         buffer = torch.full((*tensor.shape[:-1], 2 * tensor.shape[-1]), FILL, dtype=DTYPE, device=DEVICE)
         buffer[..., ::2].copy_(tensor)
         return buffer[..., ::2]  # a view: torch hands it to the backend as it is
+    if layout == "offset":  # a view one element into a buffer one element longer at each end
+        buffer = torch.full((tensor.numel() + 2,), FILL, dtype=DTYPE, device=DEVICE)
+        buffer[1:-1].copy_(tensor.flatten())
+        return buffer[1:-1].view(tensor.shape)
     return tensor.contiguous()
+
+
+def around(tensor):  # a view's buffer outside it, which a call must leave FILL: None where it has none
+    if OUTPUTS_LAYOUT == "strided":
+        return tensor._base[..., 1::2]
+    return tensor._base[[0, -1]] if OUTPUTS_LAYOUT == "offset" else None
 
 
 def laid(tensor):  # an input, in the call's input layout
@@ -139,11 +164,23 @@ def exactly(tensor):  # what a move must deliver, bit for bit
 
 
 def total(parts):  # the sum of every rank's part as DTYPE holds it, and how far any order of it may round
-    exact = narrow(sum(widen(p) for p in parts)) if DTYPE != torch.bool else torch.stack(parts).any(0)
-    if not (DTYPE.is_floating_point or DTYPE.is_complex):
-        return exact, 0  # whole numbers: exact (wrapping around as DTYPE does)
+    return reduced("sum", parts)
+
+
+def reduced(op, parts):  # the parts reduced by op as DTYPE holds it, and how far any order of it may round
+    wide = [widen(p) for p in parts]  # bools stay bools: their sum is "any", their product "all"
+    folds = {"sum": torch.add, "avg": torch.add, "premul_sum": torch.add, "product": torch.mul,
+             "min": torch.minimum, "max": torch.maximum, "band": torch.bitwise_and,
+             "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+    exact = wide[0]
+    for part in wide[1:]:
+        exact = folds[op](exact, part)
+    exact = exact * PREMUL_FACTOR if op == "premul_sum" else exact / len(parts) if op == "avg" else exact
+    if not (DTYPE.is_floating_point or DTYPE.is_complex) or op in ("min", "max"):
+        return narrow(exact), 0  # exact (whole numbers wrapping around as DTYPE does)
     eps = torch.finfo(DTYPE.to_real() if DTYPE.is_complex else DTYPE).eps
-    return exact, 2 * WORLD_SIZE * eps * sum(widen(p).abs() for p in parts)
+    magnitude = exact.abs() if op == "product" else sum(p.abs() for p in wide)
+    return narrow(exact), 2 * len(parts) * eps * magnitude
 
 
 def wrong(got, want, slack):  # where got differs from want by more than slack (NaN matching NaN)
@@ -156,9 +193,11 @@ def wrong(got, want, slack):  # where got differs from want by more than slack (
 def report(me, what, got, want, slack=0):  # print what came back against what was expected; True if it was
     bad = wrong(got, want, slack).nonzero().tolist()
     verdict = f"{len(bad)} of {want.numel()} elements WRONG" if bad else "as expected"
-    print(f"rank {me}: {what}: {verdict}")
+    lines = [f"rank {me}: {what}: {verdict}"]
     for at in bad[:8]:
-        print(f"  at {tuple(at)}: got {got[tuple(at)].item()}, expected {want[tuple(at)].item()}")
+        at = tuple(at)
+        lines.append(f"  at {at}: got {got[at].item()}, expected {want[at].item()}")
+    print("\n".join(lines), flush=True)  # whole, so that the ranks' lines do not interleave
     return not bad
 
 
@@ -168,25 +207,33 @@ def call(me):
     return [("reduce_scatter", output, total([given(r, me) for r in range(WORLD_SIZE)]))]
 
 
-def rank(me, port, failed):
+def rank(me, store, failed, done):
     if DEVICE == "cuda":
         torch.cuda.set_device(me)
-    address = f"tcp://127.0.0.1:{port}"
-    dist.init_process_group(BACKEND, init_method=address, rank=me, world_size=WORLD_SIZE)
+    dist.init_process_group(BACKEND, init_method=f"file://{store}", rank=me, world_size=WORLD_SIZE)
     for what, got, (want, slack) in call(me):
         failed[me] += not report(me, what, got, want, slack)
-        if OUTPUTS_LAYOUT == "strided":  # the elements between a strided output's must stay FILL
-            gaps = got._base[..., 1::2]
-            between = f"{what}, between its elements"
-            failed[me] += not report(me, between, gaps, torch.full_like(gaps, FILL))
+        if (outside := around(got)) is not None:
+            unwritten = torch.full_like(outside, FILL)
+            failed[me] += not report(me, f"{what}: its buffer around it", outside, unwritten)
+    done[me] = 1
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    with socket.socket() as free:  # a free port on loopback for the ranks' rendezvous
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    failed = mp.get_context("spawn").Array("i", WORLD_SIZE)
-    mp.spawn(rank, args=(port, failed), nprocs=WORLD_SIZE)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's ranks talk over loopback only
+    failed, done = (mp.get_context("spawn").Array("i", WORLD_SIZE) for _ in range(2))
+    with tempfile.TemporaryDirectory() as folder:  # the ranks meet in a file: no port to race another for
+        store = os.path.join(folder, "store")
+        ranks = mp.start_processes(rank, (store, failed, done), WORLD_SIZE, join=False, start_method="spawn")
+        deadline = time.monotonic() + HANG
+        while not ranks.join(timeout=1):  # raises where a rank raised, as mp.spawn does
+            if time.monotonic() > deadline:  # a hang is the bug too: say where, rather than wait forever
+                for process in ranks.processes:
+                    process.kill()
+                hung = [r for r in range(WORLD_SIZE) if not done[r]]
+                where = f"rank(s) {hung} still in the call" if hung else "every call returned; the teardown"
+                print(f"{where} after {HANG} s: it hangs", flush=True)
+                sys.exit(1)
     print(f"{sum(failed)} result(s) wrong" if sum(failed) else "every result as expected")
     sys.exit(1 if sum(failed) else 0)

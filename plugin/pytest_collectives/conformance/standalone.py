@@ -540,8 +540,10 @@ the bug is there, 0 once it is fixed.
 """
 
 import base64
-import socket
+import os
 import sys
+import tempfile
+import time
 import zlib
 
 import torch
@@ -556,6 +558,7 @@ FILL = {fill}  # what outputs start as, and no input holds: an element never wri
 WIDE = {wide}  # the dtype the inputs are written in, and a sum is exact in
 AS_BITS = {as_bits}  # uint64's inputs are written as the int64 of the same bits
 PREMUL_FACTOR = {premul_factor}  # PREMUL_SUM's factor, where the call takes one
+HANG = 120  # seconds: a rank not done by then is hung in the call
 OP = {op_code}  # the call's reduce op, where it takes one
 nan, inf = float("nan"), float("inf")
 # INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
@@ -656,25 +659,34 @@ def report(me, what, got, want, slack=0):  # print what came back against what w
 {definitions}def call(me):{call}
 
 
-def rank(me, port, failed):
+def rank(me, store, failed, done):
     if DEVICE == "cuda":
         torch.cuda.set_device(me)
-    address = f"tcp://127.0.0.1:{{port}}"
-    dist.init_process_group(BACKEND, init_method=address, rank=me, world_size=WORLD_SIZE)
+    dist.init_process_group(BACKEND, init_method=f"file://{{store}}", rank=me, world_size=WORLD_SIZE)
     for what, got, (want, slack) in call(me):
         failed[me] += not report(me, what, got, want, slack)
         if (outside := around(got)) is not None:
             unwritten = torch.full_like(outside, FILL)
             failed[me] += not report(me, f"{{what}}: its buffer around it", outside, unwritten)
+    done[me] = 1
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    with socket.socket() as free:  # a free port on loopback for the ranks' rendezvous
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    failed = mp.get_context("spawn").Array("i", WORLD_SIZE)
-    mp.spawn(rank, args=(port, failed), nprocs=WORLD_SIZE)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's ranks talk over loopback only
+    failed, done = (mp.get_context("spawn").Array("i", WORLD_SIZE) for _ in range(2))
+    with tempfile.TemporaryDirectory() as folder:  # the ranks meet in a file: no port to race another for
+        store = os.path.join(folder, "store")
+        ranks = mp.start_processes(rank, (store, failed, done), WORLD_SIZE, join=False, start_method="spawn")
+        deadline = time.monotonic() + HANG
+        while not ranks.join(timeout=1):  # raises where a rank raised, as mp.spawn does
+            if time.monotonic() > deadline:  # a hang is the bug too: say where, rather than wait forever
+                for process in ranks.processes:
+                    process.kill()
+                hung = [r for r in range(WORLD_SIZE) if not done[r]]
+                where = f"rank(s) {{hung}} still in the call" if hung else "every call returned; the teardown"
+                print(f"{{where}} after {{HANG}} s: it hangs", flush=True)
+                sys.exit(1)
     print(f"{{sum(failed)}} result(s) wrong" if sum(failed) else "every result as expected")
     sys.exit(1 if sum(failed) else 0)
 '''

@@ -1,0 +1,49 @@
+"""Rewrite the standalone reproductions committed beside suites/known_bugs.json from the suite's own
+failures, so that they stay what the plugin writes today (its template changes: a file rendezvous, a hang
+watchdog). Runs the layout test of each entry "ready to file, known_bugs/NAME.py" on gloo at 2 ranks with
+--reproductions, and copies each written script over NAME.py.
+
+    python docs/measurements/scripts/known_bug_scripts.py            # says which files would change
+    python docs/measurements/scripts/known_bug_scripts.py --write    # and rewrites them
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SUITES = Path(__file__).resolve().parents[3] / "suites"
+
+
+def main(write: bool) -> int:
+    manifest = json.loads((SUITES / "known_bugs.json").read_text())["known_bugs"]
+    found = (re.search(r"known_bugs/(\S+)\.py", entry["upstream"]) for entry in manifest)
+    targets = sorted({match.group(1) for match in found if match})
+    calls = [name.split("-", 2)[1:] for name in targets]  # gloo-<call>-<layouts>
+    select = " or ".join(f"({call}- and {layouts})" for call, layouts in calls)
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, "-m", "pytest", str(SUITES / "conformance" / "test_layouts.py"), "-qk"]
+        command += [select, "--world-sizes", "2", "--reproductions", folder, "-p", "no:cacheprovider"]
+        subprocess.run(command, cwd=SUITES.parent, capture_output=True, check=False)
+        changed = 0
+        for name in targets:
+            written = Path(folder) / f"{name}-ws2-float32.py"
+            if not written.is_file():
+                print(f"{name}: no script written (the bug no longer fires?)")
+                return 1
+            committed = SUITES / "known_bugs" / f"{name}.py"
+            if committed.read_text() != written.read_text():
+                changed += 1
+                print(f"{committed}: {'rewritten' if write else 'differs (--write rewrites it)'}")
+                if write:
+                    committed.write_text(written.read_text())
+    print(f"{changed} of {len(targets)} scripts {'rewritten' if write else 'differ'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main("--write" in sys.argv[1:]))
