@@ -415,7 +415,10 @@ def test_a_hang_ends_every_rank_with_its_stack(tmp_path: Path) -> None:
     assert elapsed < 5 + 5 + 90, f"took {elapsed:.0f} s"  # timeout, gather grace, start of 4 pytests
 
 
+# Alone: its four ranks time twelve benchmarks, barrier after barrier; beside another test on two cores
+# that took 254 s (11 s alone) and once overran its timeout.
 @pytest.mark.slow
+@pytest.mark.alone
 def test_two_nodes_label_the_pairs_of_the_matrix_inter_and_intra_node(tmp_path: Path) -> None:
     suite = Path(__file__).parents[1] / "suites" / "perf" / "test_p2p.py"
     args = [f"{suite}::test_pair_bandwidth", "--min-bytes", "4K", "--max-bytes", "4K"]

@@ -1,7 +1,7 @@
 """Rewrite the standalone reproductions committed beside suites/known_bugs.json from the suite's own
 failures, so that they stay what the plugin writes today (its template changes: a file rendezvous, a hang
-watchdog). Runs the layout test of each entry "ready to file, known_bugs/NAME.py" on gloo at 2 ranks with
---reproductions, and copies each written script over NAME.py.
+watchdog). For each entry "ready to file, known_bugs/gloo-CALL-LAYOUTS.py", runs that call's layout test on
+gloo at 2 ranks with --reproductions, and copies the float32 script it writes over the committed one.
 
     python docs/measurements/scripts/known_bug_scripts.py            # says which files would change
     python docs/measurements/scripts/known_bug_scripts.py --write    # and rewrites them
@@ -23,14 +23,14 @@ def main(write: bool) -> int:
     manifest = json.loads((SUITES / "known_bugs.json").read_text())["known_bugs"]
     found = (re.search(r"known_bugs/(\S+)\.py", entry["upstream"]) for entry in manifest)
     targets = sorted({match.group(1) for match in found if match})
-    calls = [name.split("-", 2)[1:] for name in targets]  # gloo-<call>-<layouts>
-    select = " or ".join(f"({call}- and {layouts})" for call, layouts in calls)
-    with tempfile.TemporaryDirectory() as folder:
-        command = [sys.executable, "-m", "pytest", str(SUITES / "conformance" / "test_layouts.py"), "-qk"]
-        command += [select, "--world-sizes", "2", "--reproductions", folder, "-p", "no:cacheprovider"]
-        subprocess.run(command, cwd=SUITES.parent, capture_output=True, check=False)
-        changed = 0
-        for name in targets:
+    changed = 0
+    for name in targets:
+        _, call, layouts = name.split("-", 2)
+        # one run a script: the inputs a test draws depend on what else the run selected
+        with tempfile.TemporaryDirectory() as folder:
+            command = [sys.executable, "-m", "pytest", str(SUITES / "conformance" / "test_layouts.py"), "-qk"]
+            command += [f"{call}- and {layouts}", "--world-sizes", "2", "--reproductions", folder]
+            subprocess.run([*command, "-p", "no:cacheprovider"], cwd=SUITES.parent, capture_output=True)
             written = Path(folder) / f"{name}-ws2-float32.py"
             if not written.is_file():
                 print(f"{name}: no script written (the bug no longer fires?)")

@@ -142,16 +142,20 @@ def _script(
     count = sum(part.numel() for parts in given if parts for part in parts)
     if count > PACKED_LIMIT:
         return None
-    packed = "None"
+    stdlib = _STDLIB
     if count > INLINE_LIMIT:
         written, packed = _packed(given)
+        inputs, stdlib = _PACKED.format(written=written, packed=packed), (*stdlib, "base64", "zlib")
     else:
         written = _written_out([None if ps is None else [_literal(part) for part in ps] for ps in given])
+        inputs = _INLINE.format(written=written)
     kind = _kind(call.dtype)
+    stdlib_lines = "".join(f"import {module}\n" for module in sorted(stdlib))
     imports = "".join(f"import {module}  # registers {call.backend}\n" for module in call.modules)
     definitions = ""
     if code is not None:
-        imports += "".join(f"{line}\n" for line in code.imports if line not in _TEMPLATE.splitlines())
+        known = {*_TEMPLATE.splitlines(), *stdlib_lines.splitlines()}
+        imports += "".join(f"{line}\n" for line in code.imports if line not in known)
         definitions = f"# The algorithm that failed, as it was run: {code.name} and what it calls.\n\n\n"
         definitions += f"{code.code}\n\n\n"
     return _TEMPLATE.format(
@@ -169,8 +173,8 @@ def _script(
         fill=_FILL[kind],
         wide=_WIDE[kind],
         as_bits=str(call.dtype) == "torch.uint64",
-        inputs=written,
-        packed=packed,
+        inputs=inputs,
+        stdlib=stdlib_lines,
         inputs_layout=call.inputs_layout,
         outputs_layout=call.outputs_layout,
         call=lines,
@@ -515,6 +519,23 @@ def _packed(given: list[list[torch.Tensor] | None]) -> tuple[str, str]:
     return repr(inputs), f"(\n{lines}\n)"
 
 
+_INLINE = """INPUTS = {written}
+
+
+def given(r, p=0):
+    return narrow(torch.tensor(INPUTS[r][p], dtype=WIDE)).reshape(SHAPE).to(DEVICE)"""
+# too many to read: each part is (first, count) of the values in PACKED, their WIDE bytes compressed in base64
+_PACKED = """INPUTS = {written}  # (first, count) of each part's values in VALUES
+PACKED = {packed}
+VALUES = torch.frombuffer(bytearray(zlib.decompress(base64.b64decode(PACKED))), dtype=WIDE)
+
+
+def given(r, p=0):
+    first, count = INPUTS[r][p]
+    return narrow(VALUES[first : first + count]).reshape(SHAPE).to(DEVICE)"""
+_STDLIB = ("os", "sys", "tempfile", "time")  # what every script imports; packed inputs need base64 and zlib
+
+
 class _Name(str):
     """A value written as code (``inf``, ``nan``), not as a quoted string."""
 
@@ -539,13 +560,7 @@ machine, makes the call, and prints on each rank what came back against what was
 the bug is there, 0 once it is fixed.
 """
 
-import base64
-import os
-import sys
-import tempfile
-import time
-import zlib
-
+{stdlib}
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -562,20 +577,8 @@ HANG = 120  # seconds: a rank not done by then is hung in the call
 OP = {op_code}  # the call's reduce op, where it takes one
 nan, inf = float("nan"), float("inf")
 # INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
-# same), flat, as the failing example had them; None for a rank outside the call's group. Where they are
-# too many to read, each is (first, count) of the values in PACKED, their WIDE bytes compressed in base64.
-INPUTS = {inputs}
-PACKED = {packed}
-VALUES = PACKED and torch.frombuffer(bytearray(zlib.decompress(base64.b64decode(PACKED))), dtype=WIDE)
-
-
-def given(r, p=0):
-    if VALUES is None:
-        values = torch.tensor(INPUTS[r][p], dtype=WIDE)
-    else:
-        first, count = INPUTS[r][p]
-        values = VALUES[first : first + count]
-    return narrow(values).reshape(SHAPE).to(DEVICE)
+# same), flat, as the failing example had them; None for a rank outside the call's group.
+{inputs}
 
 
 def narrow(values):  # WIDE values as DTYPE (uint64's bits as they are)
