@@ -22,9 +22,10 @@ from pytest_collectives.algorithms import registry
 from pytest_collectives.conformance.inlining import NotInlinable, inlined
 from pytest_collectives.conformance.known_bugs import load
 from pytest_collectives.conformance.standalone import (
-    GROUP_CALL_LINES,
+    CONTRACT_LINES,
     REDUCING,
     SEND_AND_RECEIVE,
+    TORCH_CALLS,
     algorithm_script,
     group_call_script,
     point_to_point_script,
@@ -196,17 +197,21 @@ def test_a_reproduction_of_each_backend_call_gloo_gets_right_exits_0(tmp_path: P
     3 rooted at its group rank 1, in float32 where any order of a sum rounds, exits 0 on gloo, in every
     form written (the reduce-scatter and all-gather in place, uneven splits) but the stacked all-gather,
     which gloo refuses."""
-    for key in GROUP_CALL_LINES:
-        name, _, form = key.partition(" ")
+    forms = [
+        (name, form) for name, (contract, _) in TORCH_CALLS.items()
+        for head, _, form in (key.partition(" ") for key in CONTRACT_LINES) if head == contract
+    ]  # fmt: skip
+    assert len(forms) == 11, forms
+    for name, form in forms:
         layout = "offset" if name == "broadcast" else "contiguous"
         given, shape = _inputs(form)
         call = FailingCall(
             "gloo", 3, name, layout, layout, torch.float32, shape, given=given, members=(0, 2), root=1,
         )  # fmt: skip
-        op = "sum" if name in REDUCING else ""
+        op = "sum" if TORCH_CALLS[name][0] in REDUCING else ""
         splits = UNEVEN if form == "uneven" else None
         script = group_call_script(call, op, "(none)", "this test", form, splits)
-        path = tmp_path / f"{key.replace(' ', '_')}.py"
+        path = tmp_path / f"{name}_{form.replace(' ', '_')}.py"
         if "stacked" not in form:
             _exits_0(path, script)
             continue

@@ -33,8 +33,9 @@ from pytest_collectives.conformance.cases import (
 )
 from pytest_collectives.conformance.inlining import NotInlinable, inlined
 from pytest_collectives.conformance.standalone import (
-    ALGORITHM_CALL_LINES,
-    GROUP_CALL_LINES,
+    CONTRACT_LINES,
+    REDUCING,
+    TORCH_CALLS,
     FailingCall,
     algorithm_script,
     backend_modules,
@@ -80,15 +81,15 @@ def everyone(pg: Any, case: Case, ranks: list[int], mine: torch.Tensor) -> list[
 
 
 # The registered implementations that are the backend's own call, by name: torch's call each makes, which
-# a failure's standalone reproduction makes again, and the contract it is registered under (the others are
-# algorithms: their code is copied into theirs).
+# a failure's standalone reproduction makes again (the others are algorithms: their code is copied into
+# theirs).
 BACKEND_OWN = {
-    "all_reduce": ("all_reduce", "all_reduce"),
-    "reduce": ("reduce", "reduce"),
-    "broadcast": ("broadcast", "broadcast"),
-    "reduce_scatter_single": ("reduce_scatter_tensor", "reduce_scatter"),
-    "all_gather_single": ("all_gather_into_tensor", "all_gather"),
-    "all_to_all_single": ("all_to_all_single", "all_to_all"),
+    "all_reduce": "all_reduce",
+    "reduce": "reduce",
+    "broadcast": "broadcast",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "all_to_all_single": "all_to_all_single",
 }
 
 
@@ -150,9 +151,9 @@ def _reproduction(
     _, ranks = group_of(pg, case.members)
     n, size = len(ranks), case.size
     name = name_of(implementation)
-    torch_call, contract = BACKEND_OWN.get(name) or (None, implementation.operation)
-    key = " ".join(filter(None, (torch_call or contract, form)))
-    if key not in (GROUP_CALL_LINES if torch_call else ALGORITHM_CALL_LINES):
+    torch_call = BACKEND_OWN.get(name)
+    contract = TORCH_CALLS[torch_call][0] if torch_call else implementation.operation
+    if " ".join(filter(None, (contract, form))) not in CONTRACT_LINES:
         return f"{WORDS}none written (the {form} form of {torch_call or name} is not written as a script)"
     sizes = None if splits is None else [row[:n] for row in splits[:n]]  # folded onto the group, as drawn
     if given is not None:
@@ -174,7 +175,7 @@ def _reproduction(
         pg.backend, pg.world_size, torch_call or contract, inputs, outputs, case.dtype, shape, given=given,
         device=pg.device.type, modules=backend_modules(pg.backend), members=tuple(ranks), root=case.root % n,
     )  # fmt: skip
-    op = case.op if contract in ("all_reduce", "reduce", "reduce_scatter") else ""
+    op = case.op if contract in REDUCING else ""
     dtype = str(case.dtype).removeprefix("torch.")
     layout = "" if inputs == "contiguous" else inputs  # named where it is not the plain one
     named = " ".join(filter(None, (name, op, layout, form)))

@@ -116,11 +116,6 @@ def backend_modules(backend: str) -> tuple[str, ...]:
     return (module,) if module and module != "__main__" else ()
 
 
-def _key(call: FailingCall, form: str) -> str:
-    """The lines of ``call`` in ``form`` ("" for the plain one)."""
-    return " ".join(filter(None, (call.name, form)))
-
-
 def layout_script(call: FailingCall, found: str, written_from: str) -> str | None:
     """The standalone reproduction of ``call``: ``found`` is the failure's first line, ``written_from`` the
     test (and seed) it came from."""
@@ -230,89 +225,127 @@ def _kind(dtype: torch.dtype) -> str:
     return "float" if dtype.is_floating_point else "int"
 
 
-# What the backend's own calls (the algorithms registered by the backend call's name) are handed by the
-# conformance checks: the drawn reduce op, root and subgroup; ``given(r, p)`` what global rank r sends
-# group rank p. Each returns what to check on this rank, as CALL_LINES do.
-GROUP_CALL_LINES = {
+# How the conformance checks make the call of each contract (registry.CONTRACTS) on the drawn group, in each
+# form they draw beside the plain one (in place, stacked, uneven splits; the drawn reduce op and root):
+# {call} is the call, the backend's own (TORCH_CALLS) or a registered algorithm's (ALGORITHM_CALLS, its code
+# copied into the script), {name} what it is called; ``given(r, p)`` is what global rank r sends group
+# rank p. Each returns what to check on this rank, as CALL_LINES do.
+CONTRACT_LINES = {
     "all_reduce": """
     tensor = laid(given(me))
-    dist.all_reduce(tensor, op=OP, group=group)
+    {call}
     wanted = reduced({op!r}, [given(r) for r in members])
-    return [("all_reduce {op} in the group of ranks {members}", tensor, wanted)]""",
+    return [("{name} {op} in the group of ranks {members}", tensor, wanted)]""",
     "reduce": """
     tensor = laid(given(me))
-    dist.reduce(tensor, dst=members[ROOT], op=OP, group=group)
+    {call}
     if at != ROOT:
         return []  # torch documents the root's result alone
     wanted = reduced({op!r}, [given(r) for r in members])
-    return [(f"reduce {op} to group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
+    return [(f"{name} {op} to group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
     "broadcast": """
     tensor = laid(given(me)) if at == ROOT else unwritten(SHAPE)
-    dist.broadcast(tensor, src=members[ROOT], group=group)
+    {call}
     wanted = exactly(given(members[ROOT]))
-    return [(f"broadcast from group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
-    "reduce_scatter_tensor": """
+    return [(f"{name} from group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
+    "reduce_scatter": """
     output = unwritten(SHAPE)
     kept = torch.cat([given(me, p) for p in range(len(members))])
     source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
-    dist.reduce_scatter_tensor(output, source, op=OP, group=group)
+    {call}
     wanted = reduced({op!r}, [given(r, at) for r in members])
-    return [("reduce_scatter_tensor {op} in the group of ranks {members}", output, wanted),
+    return [("{name} {op} in the group of ranks {members}", output, wanted),
             ("its input, after the call", source, exactly(kept))]""",
-    "reduce_scatter_tensor in place": """
+    "reduce_scatter in place": """
     source = laid(torch.cat([given(me, p) for p in range(len(members))]))
     output = source.view(len(members), -1)[at]  # in place: this rank's own block of the input
-    dist.reduce_scatter_tensor(output, source, op=OP, group=group)
+    {call}
     wanted = reduced({op!r}, [given(r, at) for r in members])
-    return [("reduce_scatter_tensor {op} in place in the group of ranks {members}", output, wanted)]""",
-    "all_gather_into_tensor in place": """
+    return [("{name} {op} in place in the group of ranks {members}", output, wanted)]""",
+    "all_gather": """
+    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
+    mine = laid(given(me))
+    {call}
+    return [("{name} in the group of ranks {members}", output,
+             exactly(torch.cat([given(r) for r in members]))),
+            ("its input, after the call", mine, exactly(given(me)))]""",
+    "all_gather in place": """
     output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
     mine = output.view(len(members), -1)[at]  # in place: this rank's own block of the output
     mine.copy_(given(me))
-    dist.all_gather_into_tensor(output, mine, group=group)
-    return [("all_gather_into_tensor in place in the group of ranks {members}", output,
+    {call}
+    return [("{name} in place in the group of ranks {members}", output,
              exactly(torch.cat([given(r) for r in members])))]""",
-    "all_gather_into_tensor stacked": """
+    "all_gather stacked": """
     output = unwritten((len(members), *SHAPE))  # stacked: a row a rank, which torch documents
     mine = given(me)
-    dist.all_gather_into_tensor(output, mine, group=group)
-    return [("all_gather_into_tensor stacked in the group of ranks {members}", output,
+    {call}
+    return [("{name} stacked in the group of ranks {members}", output,
              exactly(torch.stack([given(r) for r in members]))),
             ("its input, after the call", mine, exactly(given(me)))]""",
-    "all_gather_into_tensor in place stacked": """
+    "all_gather in place stacked": """
     output = unwritten((len(members), *SHAPE))  # stacked: a row a rank, which torch documents
     mine = output[at]  # in place: this rank's own row of the output
     mine.copy_(given(me))
-    dist.all_gather_into_tensor(output, mine, group=group)
-    return [("all_gather_into_tensor in place stacked in the group of ranks {members}", output,
+    {call}
+    return [("{name} in place stacked in the group of ranks {members}", output,
              exactly(torch.stack([given(r) for r in members])))]""",
-    "all_to_all_single uneven": """
+    "all_to_all": """
+    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
+    kept = torch.cat([given(me, p) for p in range(len(members))])
+    source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
+    {call}  # even splits
+    return [("{name} in the group of ranks {members}", output,
+             exactly(torch.cat([given(r, at) for r in members]))),
+            ("its input, after the call", source, exactly(kept))]""",
+    "all_to_all uneven": """
     splits = {splits!r}  # splits[i][j]: what group rank i sends group rank j
     column = [row[at] for row in splits]
     output = unwritten((sum(column),))
     kept = torch.cat([given(me, p) for p in range(len(members))])
     source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
-    dist.all_to_all_single(output, source, column, splits[at], group=group)
-    return [("all_to_all_single uneven in the group of ranks {members}", output,
+    {call}
+    return [("{name} uneven in the group of ranks {members}", output,
              exactly(torch.cat([given(r, at) for r in members]))),
             ("its input, after the call", source, exactly(kept))]""",
-    "all_gather_into_tensor": """
-    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
-    mine = laid(given(me))
-    dist.all_gather_into_tensor(output, mine, group=group)
-    return [("all_gather_into_tensor in the group of ranks {members}", output,
-             exactly(torch.cat([given(r) for r in members]))),
-            ("its input, after the call", mine, exactly(given(me)))]""",
-    "all_to_all_single": """
-    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
-    kept = torch.cat([given(me, p) for p in range(len(members))])
-    source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
-    dist.all_to_all_single(output, source, group=group)
-    return [("all_to_all_single in the group of ranks {members}", output,
-             exactly(torch.cat([given(r, at) for r in members]))),
-            ("its input, after the call", source, exactly(kept))]""",
+    "gemm_reduce_scatter": """
+    rows = {rows}  # of the result, on each rank: A has rows * WORLD_SIZE, B's columns are the result's
+    a = [given(r, 0).reshape(rows * WORLD_SIZE, -1) for r in range(WORLD_SIZE)]  # each rank's own inner size
+    b = [given(r, 1).reshape(a[r].shape[1], -1) for r in range(WORLD_SIZE)]
+    result = {call}
+    mine = slice(at * rows, (at + 1) * rows)
+    pairs = [(widen(a[r][mine]), widen(b[r])) for r in range(WORLD_SIZE)]
+    exact = sum(x @ y for x, y in pairs)
+    # each element sums WORLD_SIZE dot products of up to K terms: any order rounds within (K + n - 1) eps
+    terms = max(x.shape[1] for x, _ in pairs) + WORLD_SIZE - 1
+    eps = torch.finfo(DTYPE).eps
+    slack = 2 * terms * eps * sum(x.abs() @ y.abs() for x, y in pairs) + eps * exact.abs()
+    return [("{name}: this rank's rows of the sum over ranks of A @ B", result, (narrow(exact), slack))]""",
 }
-REDUCING = ("all_reduce", "reduce", "reduce_scatter_tensor")  # the calls of these that take a reduce op
+# The backend's own call of each contract, by its name in torch: its contract and the call. {splits} is an
+# all-to-all's split sizes, None for even ones.
+TORCH_CALLS = {
+    "all_reduce": ("all_reduce", "dist.all_reduce(tensor, op=OP, group=group)"),
+    "reduce": ("reduce", "dist.reduce(tensor, dst=members[ROOT], op=OP, group=group)"),
+    "broadcast": ("broadcast", "dist.broadcast(tensor, src=members[ROOT], group=group)"),
+    "reduce_scatter_tensor": (
+        "reduce_scatter", "dist.reduce_scatter_tensor(output, source, op=OP, group=group)"
+    ),
+    "all_gather_into_tensor": ("all_gather", "dist.all_gather_into_tensor(output, mine, group=group)"),
+    "all_to_all_single": ("all_to_all", "dist.all_to_all_single(output, source, {splits}, group=group)"),
+}
+# A registered algorithm's call, by its contract, as the checks make it: {fn} is the algorithm, {params}
+# its registered parameters.
+ALGORITHM_CALLS = {
+    "all_reduce": "{fn}(tensor, OP, group=group{params})",
+    "reduce": "{fn}(tensor, ROOT, OP, group=group{params})",
+    "broadcast": "{fn}(tensor, ROOT, group=group{params})",
+    "reduce_scatter": "{fn}(output, source, OP, group=group{params})",
+    "all_gather": "{fn}(output, mine, group=group{params})",
+    "all_to_all": "{fn}(output, source, {splits}, group=group{params})",
+    "gemm_reduce_scatter": "{fn}(a[me].clone(), b[me].clone(), group=group{params})",
+}
+REDUCING = ("all_reduce", "reduce", "reduce_scatter")  # the contracts whose calls take a reduce op
 GROUP_LINES = """
     members = {members!r}  # the drawn group's global ranks: every rank creates it, its members call
     group = dist.new_group(members)
@@ -325,100 +358,14 @@ def group_call_script(
     call: FailingCall, op: str, found: str, written_from: str, form: str = "",
     splits: list[list[int]] | None = None,
 ) -> str | None:
-    """The standalone reproduction of the backend's own ``call.name`` (in ``form``: one of
-    GROUP_CALL_LINES') as the conformance checks make it, on the group of ``call.members`` under reduce op
-    ``op`` ("" where the call takes none), rooted at group rank ``call.root`` where it has a root; an
-    uneven all-to-all's ``splits[i][j]`` is what group rank i sends group rank j."""
-    members = list(call.members or range(call.world_size))
-    body = GROUP_CALL_LINES[_key(call, form)].format(members=members, op=op, splits=splits)
-    named = " ".join(filter(None, (call.name, op, form)))
-    title = f"{call.backend}: {named} on ranks {members} of {call.world_size}"
-    lines = GROUP_LINES.format(members=members, body=body)
-    return _script(call, f"{title}, {call.dtype}", lines, found, written_from, op)
-
-
-# How the conformance checks call a registered algorithm of each contract (registry.CONTRACTS) on the drawn
-# group, in its plain form (out of place, flat, even splits) or in place where the contract allows it:
-# {call} is the algorithm, its code copied into the script; {params} its registered parameters. Each
-# returns what to check, as GROUP_CALL_LINES do.
-ALGORITHM_CALL_LINES = {
-    "all_reduce": """
-    tensor = laid(given(me))
-    {call}(tensor, OP, group=group{params})
-    wanted = reduced({op!r}, [given(r) for r in members])
-    return [("{name} {op} in the group of ranks {members}", tensor, wanted)]""",
-    "reduce": """
-    tensor = laid(given(me))
-    {call}(tensor, ROOT, OP, group=group{params})
-    if at != ROOT:
-        return []  # the root's result alone is specified
-    wanted = reduced({op!r}, [given(r) for r in members])
-    return [(f"{name} {op} to group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
-    "broadcast": """
-    tensor = laid(given(me)) if at == ROOT else unwritten(SHAPE)
-    {call}(tensor, ROOT, group=group{params})
-    wanted = exactly(given(members[ROOT]))
-    return [(f"{name} from group rank {{ROOT}} in the group of ranks {members}", tensor, wanted)]""",
-    "reduce_scatter": """
-    output = unwritten(SHAPE)
-    kept = torch.cat([given(me, p) for p in range(len(members))])
-    source = kept.clone()
-    {call}(output, source, OP, group=group{params})
-    wanted = reduced({op!r}, [given(r, at) for r in members])
-    return [("{name} {op} in the group of ranks {members}", output, wanted),
-            ("its input, after the call", source, exactly(kept))]""",
-    "reduce_scatter in place": """
-    source = torch.cat([given(me, p) for p in range(len(members))])
-    output = source.view(len(members), -1)[at]  # in place: this rank's own block of the input
-    {call}(output, source, OP, group=group{params})
-    wanted = reduced({op!r}, [given(r, at) for r in members])
-    return [("{name} {op} in place in the group of ranks {members}", output, wanted)]""",
-    "all_gather in place": """
-    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
-    mine = output.view(len(members), -1)[at]  # in place: this rank's own block of the output
-    mine.copy_(given(me))
-    {call}(output, mine, group=group{params})
-    return [("{name} in place in the group of ranks {members}", output,
-             exactly(torch.cat([given(r) for r in members])))]""",
-    "all_gather": """
-    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
-    mine = given(me)
-    {call}(output, mine, group=group{params})
-    return [("{name} in the group of ranks {members}", output,
-             exactly(torch.cat([given(r) for r in members]))),
-            ("its input, after the call", mine, exactly(given(me)))]""",
-    "all_to_all": """
-    output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
-    kept = torch.cat([given(me, p) for p in range(len(members))])
-    source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
-    {call}(output, source, None, None, group=group{params})  # even splits
-    return [("{name} in the group of ranks {members}", output,
-             exactly(torch.cat([given(r, at) for r in members]))),
-            ("its input, after the call", source, exactly(kept))]""",
-    "all_to_all uneven": """
-    splits = {splits!r}  # splits[i][j]: what group rank i sends group rank j
-    column = [row[at] for row in splits]
-    output = unwritten((sum(column),))
-    kept = torch.cat([given(me, p) for p in range(len(members))])
-    source = laid(kept.clone())  # its own copy: laid hands a dense tensor back as it is
-    {call}(output, source, column, splits[at], group=group{params})
-    return [("{name} uneven in the group of ranks {members}", output,
-             exactly(torch.cat([given(r, at) for r in members]))),
-            ("its input, after the call", source, exactly(kept))]""",
-    "gemm_reduce_scatter": """
-    rows = {rows}  # of the result, on each rank: A has rows * WORLD_SIZE, B's columns are the result's
-    a = [given(r, 0).reshape(rows * WORLD_SIZE, -1) for r in range(WORLD_SIZE)]  # each rank's own inner size
-    b = [given(r, 1).reshape(a[r].shape[1], -1) for r in range(WORLD_SIZE)]
-    result = {call}(a[me].clone(), b[me].clone(), group=group{params})
-    mine = slice(at * rows, (at + 1) * rows)
-    pairs = [(widen(a[r][mine]), widen(b[r])) for r in range(WORLD_SIZE)]
-    exact = sum(x @ y for x, y in pairs)
-    # each element sums WORLD_SIZE dot products of up to K terms: any order rounds within (K + n - 1) eps
-    terms = max(x.shape[1] for x, _ in pairs) + WORLD_SIZE - 1
-    eps = torch.finfo(DTYPE).eps
-    slack = 2 * terms * eps * sum(x.abs() @ y.abs() for x, y in pairs) + eps * exact.abs()
-    return [("{name}: this rank's rows of the sum over ranks of A @ B", result, (narrow(exact), slack))]""",
-}
+    """The standalone reproduction of the backend's own ``call.name`` (one of TORCH_CALLS) as the
+    conformance checks make it, in ``form`` (FORMS' words, "" for the plain one), on the group of
+    ``call.members`` under reduce op ``op`` ("" where the call takes none), rooted at group rank
+    ``call.root`` where it has a root; an uneven all-to-all's ``splits[i][j]`` is what group rank i sends
+    group rank j."""
+    contract, statement = TORCH_CALLS[call.name]
+    title = f"{call.backend}: {' '.join(filter(None, (call.name, op, form)))}"
+    return _group_script(call, contract, statement, call.name, title, op, found, written_from, form, splits)
 
 
 def algorithm_script(
@@ -426,19 +373,30 @@ def algorithm_script(
     written_from: str, form: str = "", rows: int = 0, splits: list[list[int]] | None = None,
 ) -> str | None:
     """The standalone reproduction of registered algorithm ``algorithm`` (its name with its parameters) of
-    contract ``call.name``, its ``code`` copied in, as the conformance checks call it on the group of
-    ``call.members`` under reduce op ``op`` ("" where it takes none), in ``form`` (one of
-    ALGORITHM_CALL_LINES'); ``rows``: a GEMM reduce-scatter's rows of the result on each rank; ``splits``
-    an uneven all-to-all's."""
-    members = list(call.members or range(call.world_size))
+    contract ``call.name``, its ``code`` copied in, as the conformance checks call it: as
+    group_call_script's; ``rows``: a GEMM reduce-scatter's rows of the result on each rank."""
     arguments = "".join(f", {key}={value!r}" for key, value in params.items())
-    body = ALGORITHM_CALL_LINES[_key(call, form)].format(
-        call=code.name, params=arguments, name=algorithm, op=op, members=members, rows=rows, splits=splits
+    statement = ALGORITHM_CALLS[call.name].replace("{fn}", code.name).replace("{params}", arguments)
+    title = f"{call.backend}: the {call.name} algorithm {' '.join(filter(None, (algorithm, op, form)))}"
+    return _group_script(
+        call, call.name, statement, algorithm, title, op, found, written_from, form, splits, rows, code
     )
-    named = " ".join(filter(None, (algorithm, op, form)))
-    title = f"{call.backend}: the {call.name} algorithm {named} on ranks {members} of {call.world_size}"
+
+
+def _group_script(
+    call: FailingCall, contract: str, statement: str, name: str, title: str, op: str, found: str,
+    written_from: str, form: str, splits: list[list[int]] | None, rows: int = 0, code: Inlined | None = None,
+) -> str | None:
+    """The script of ``statement``, the call of ``contract`` (called ``name``) in ``form``, on the group
+    of ``call.members``."""
+    members = list(call.members or range(call.world_size))
+    statement = statement.replace("{splits}", "column, splits[at]" if splits else "None, None")
+    body = CONTRACT_LINES[" ".join(filter(None, (contract, form)))].format(
+        call=statement, name=name, op=op, members=members, rows=rows, splits=splits
+    )
     lines = GROUP_LINES.format(members=members, body=body)
-    return _script(call, f"{title}, {call.dtype}", lines, found, written_from, op, code)
+    title = f"{title} on ranks {members} of {call.world_size}, {call.dtype}"
+    return _script(call, title, lines, found, written_from, op, code)
 
 
 # A message the failing example sent from rank SRC to rank DST, by one of the three ways torch offers;
