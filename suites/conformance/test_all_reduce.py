@@ -106,19 +106,56 @@ def test_decompositions_agree_with_each_other(pg, case):
 @pytest.mark.needs("all_reduce", "broadcast")
 @examples(case=reductions(["all_reduce"], dtypes=FLOATS + [torch.int32], members=st.none()))
 def test_async_op_with_wait(pg, case):
-    """async_op=True returns a Work whose wait() leaves the same result the blocking call gives, and whose
-    get_future() completes."""
+    """async_op=True returns a Work whose wait() returns True and leaves the same result the blocking call
+    gives, and whose get_future()'s value and result() are the list of that output, as torch documents:
+    DDP's communication hooks read the reduced bucket from the future's value."""
     inputs = [case.input(pg.seed, r, case.size, pg.world_size) for r in range(pg.world_size)]
     tensor = inputs[pg.rank].to(pg.device, copy=True)
     work = dist.all_reduce(tensor, op=reduce_op(case.op), async_op=True)
-    work.wait()
-    work.get_future().wait()
+    waited = work.wait()
+    value = work.get_future().wait()
     root = case.root % pg.world_size
     copy = inputs[pg.rank].to(pg.device, copy=True)
-    dist.broadcast(copy, src=root, async_op=True).wait()
-    # judged once every rank made both calls: a rank that failed the first would skip the second
-    assert_reduced_close(tensor, inputs, case.op, case.values)
-    assert_moved(copy, inputs[root], f"broadcast from rank {root} on rank {pg.rank}")
+    broadcast = dist.broadcast(copy, src=root, async_op=True)
+    broadcast_waited = broadcast.wait()
+    try:
+        result = work.result()
+    except RuntimeError as exc:  # a Work need not keep its output: torch's own default raises
+        if "not implemented" not in str(exc):
+            raise
+        result = None
+    # judged once every rank made both calls (a rank that failed the first would skip the second), and in
+    # one assertion: ranks that fail different checks must fail alike, or hypothesis, replaying the
+    # example, sees another failure whenever another rank is the first to report
+    me = f"on rank {pg.rank}"
+    failures = [
+        _failure(assert_reduced_close, tensor, inputs, case.op, case.values),
+        _failure(assert_moved, copy, inputs[root], f"broadcast from rank {root} {me}"),
+        _failure(_returned_true, waited, f"all_reduce's Work.wait() {me}"),
+        _failure(_returned_true, broadcast_waited, f"broadcast's Work.wait() {me}"),
+        _failure(_is_the_output, value, tensor, f"all_reduce's Work.get_future() value {me}"),
+        result is not None and _failure(_is_the_output, result, tensor, f"all_reduce's Work.result() {me}"),
+    ]
+    assert not any(failures), "\n".join(filter(None, failures))
+
+
+def _failure(check, *args):
+    """What ``check(*args)`` asserted, or None where it held."""
+    try:
+        check(*args)
+    except AssertionError as exc:
+        return str(exc)
+    return None
+
+
+def _returned_true(returned, what):
+    assert returned is True, f"{what} returned {returned!r}, not True"
+
+
+def _is_the_output(value, output, what):
+    """``value`` is what torch documents a Work's future and result hold: the list of the call's output."""
+    assert isinstance(value, list) and len(value) == 1, f"{what} is {value!r}, not [the output tensor]"
+    assert_moved(value[0], output, f"{what}, against the output")
 
 
 @pytest.mark.world_size()

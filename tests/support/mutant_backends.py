@@ -757,6 +757,40 @@ class _FromAnotherRank(dist.Work):
         return (self.inner._source_rank() + 2) % self.world_size
 
 
+class _Stale(dist.Work):
+    """A Work whose future and result hold ``value``, not what the call wrote."""
+
+    def __init__(self, inner: dist.Work, value: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.inner, self.value = inner, value
+
+    def wait(self, timeout: Any = None) -> bool:
+        return self.inner.wait()
+
+    def is_completed(self) -> bool:
+        return self.inner.is_completed()
+
+    def get_future(self) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        self.inner.wait()
+        future.set_result(self.value)
+        return future
+
+    def result(self) -> list[torch.Tensor]:
+        return self.value
+
+
+class FutureHoldsTheInput(ReferenceBackend):
+    """all_reduce reduces right in place, and its Work's future (what DDP's communication hooks read the
+    reduced bucket from) and result() hold a copy of the input as it was before the call."""
+
+    name = "mutant_future_holds_the_input"
+
+    def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
+        before = [t.clone() for t in tensors]
+        return _Stale(super().allreduce(tensors, opts), before)
+
+
 class AnySourceNamesAnotherSender(ReferenceBackend):
     """A receive from any source lands its message and returns the wrong sender's rank."""
 
@@ -1117,6 +1151,7 @@ MUTANTS = [
     LandsPartOnRepeat,
     UnevenListAllToAllOffByOne,
     AnySourceNamesAnotherSender,
+    FutureHoldsTheInput,
 ]
 register(*MUTANTS, RecordsBufferForms)
 refuses(WritesThenRefusesChannelsLast.name, "Tensors must be contiguous")
