@@ -44,8 +44,14 @@ Fatal Python error: Aborted
     ],
     ids=["returned", "raised", "crashed", "hung"],
 )
-def test_behaviour_is_how_the_first_rank_to_fail_ended(reports, first, expected):
+def test_behaviour_is_how_the_blamed_rank_ended(reports, first, expected):
     assert behaviour(GroupOutcome(reports, first, timeout_s=5.0)) == expected
+
+
+def test_behaviour_reads_the_same_whichever_rank_reported_first():
+    both = [RankReport(0, "failed", TRACEBACK), RankReport(1, "failed", TRACEBACK.replace("Check", "Size"))]
+    assert behaviour(GroupOutcome(both, 1)) == behaviour(GroupOutcome(both, 0))
+    assert behaviour(GroupOutcome(both, 1)).startswith("detected: rank 0 RuntimeError: Check failed")
 
 
 def test_a_mismatch_is_tried_at_the_smallest_world_size_with_a_peer():

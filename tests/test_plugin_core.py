@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 from helpers import is_running, process_state
 
-from pytest_collectives.execution.outcome import hang_culprit
+from pytest_collectives.execution.outcome import (
+    CRASHED,
+    DistributedTestFailure,
+    GroupOutcome,
+    RankReport,
+    hang_culprit,
+)
 from pytest_collectives.execution.reproductions import stopped_at
 
 HEADER = """
@@ -211,6 +217,27 @@ def test_hang_culprit_needs_one_rank_apart_from_a_shared_collective() -> None:
     assert hang_culprit({0: waiting, 1: waiting}) is None  # all inside: a deadlock of the backend
     assert hang_culprit({0: working, 1: working, 2: waiting}) is None  # two suspects: say nothing
     assert hang_culprit({0: stack("all_reduce", "test"), 1: working, 2: waiting}) is None  # mismatched calls
+
+
+def test_a_failure_is_told_by_the_same_rank_whichever_reported_first() -> None:
+    # Hypothesis replays a failing example and expects the same exception type; which rank's report came
+    # first is the machine's timing, so a failure told by it turned into a FlakyFailure on replay.
+    def failed(rank: int, kind: str, line: int) -> RankReport:
+        detail = f'Traceback (most recent call last):\n  File "/t/test_it.py", line {line}, in t\n{kind}: x\n'
+        return RankReport(rank, "failed", detail)
+
+    def cause(reports: list[RankReport], first: int) -> str:
+        return type(DistributedTestFailure.of(GroupOutcome(reports, first))).__name__
+
+    two = [failed(0, "AssertionError", 5), failed(1, "ValueError", 9)]
+    assert cause(two, 1) == cause(two, 0) == "DistributedTestFailure[AssertionError at test_it.py:5]"
+    lost = [RankReport(0, "failed", two[0].detail + "Connection closed by peer\n"), two[1]]
+    # rank 1's error is its own, rank 0's a symptom of losing its peer
+    assert cause(lost, 0) == "DistributedTestFailure[ValueError at test_it.py:9]"
+    crashed = [two[0], RankReport(1, CRASHED, "killed by SIGSEGV")]
+    assert cause(crashed, 0) == cause(crashed, 1) == f"DistributedTestFailure[{CRASHED}]"
+    text = GroupOutcome(two, 1).render()
+    assert text.index("rank 0: FAILED") < text.index("rank 1: FAILED (first to fail)"), text
 
 
 def test_where_a_rank_stopped_is_its_own_code_in_the_thread_inside_the_call() -> None:

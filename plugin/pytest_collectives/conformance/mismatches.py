@@ -59,11 +59,11 @@ def call(pg: Any, operation: str, kind: str) -> None:
 
 
 def behaviour(outcome: GroupOutcome) -> str:
-    """``silent`` when no rank failed; else ``detected: <how>``, how the first rank to fail ended."""
-    bad = [r for r in outcome.ranks if r.status in (FAILED, CRASHED, HUNG)]
-    if not bad:
+    """``silent`` when no rank failed; else ``detected: <how>``, how the blamed rank ended (one rule in
+    every run, so the matrix reads the same words each time)."""
+    first = outcome.blamed()
+    if first is None or first.status not in (FAILED, CRASHED, HUNG):
         return SILENT
-    first = next((r for r in bad if r.rank == outcome.first_failed), bad[0])
     if first.status == HUNG:
         return f"{DETECTED}: rank {first.rank} hung, named after {outcome.timeout_s:g} s"
     lines = first.detail.strip().splitlines()

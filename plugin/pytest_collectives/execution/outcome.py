@@ -134,6 +134,18 @@ class GroupOutcome:
     def hung(self) -> bool:
         return any(report.status == HUNG for report in self.ranks)
 
+    def blamed(self) -> RankReport | None:
+        """The rank a failure is told by, by a rule that holds in every run (which rank reported first
+        is the machine's timing, and hypothesis replays an example expecting the same failure): the
+        hang's culprit; else the lowest crashed rank; else the lowest whose error is its own rather than
+        a lost peer; else the lowest that did not pass. None where every rank passed."""
+        bad = [r for r in self.ranks if r.status != PASSED]
+        if self.culprit is not None:
+            return next(r for r in self.ranks if r.rank == self.culprit[0])
+        by_rank = {r.rank: r for r in bad}
+        rank = likely_cause(by_rank, sorted(by_rank))
+        return None if rank is None else by_rank[rank]
+
     def skip_reason(self) -> str:
         return self.ranks[0].detail
 
@@ -149,8 +161,8 @@ class GroupOutcome:
             lines.append(f"the failing example: {self.failing_example}")
         if self.hang_record:
             lines.append(self.hang_record)
-        blamed = self.first_failed if self.culprit is None else self.culprit[0]
-        order = sorted(bad, key=lambda r: (r.rank != blamed, r.rank))
+        blamed = self.blamed()
+        order = sorted(bad, key=lambda r: (r is not blamed, r.rank))
         for report in order:
             lines.append("")
             lines.append(f"{'=' * 20} rank {report.rank}: {self._describe(report)} {'=' * 20}")
@@ -297,9 +309,7 @@ _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 
 def _cause(outcome: GroupOutcome) -> str:
     """What failed, for telling failures apart: 'ValueError at test_x.py:12', 'crashed', 'hung'."""
-    bad = [r for r in outcome.ranks if r.status != PASSED]
-    blamed = outcome.culprit[0] if outcome.culprit else outcome.first_failed
-    report = next((r for r in bad if r.rank == blamed), bad[0] if bad else None)
+    report = outcome.blamed()
     if report is None or report.status != FAILED:
         return report.status if report else "failed"
     lines = report.detail.splitlines()
