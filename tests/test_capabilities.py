@@ -351,12 +351,12 @@ MUTANTS = [
      "*from any source; told rank *"),  # fmt: skip
     ("mutant_broadcast_ignores_root", "test_operations.py", "test_broadcast", "*broadcast from group rank*"),
     # right in place, its Work's future holding the input as it was: what DDP's hooks read
-    ("mutant_future_holds_the_input", "test_all_reduce.py", "async_op_with_wait",
+    ("mutant_future_holds_the_input", "test_works.py", "async_op_with_wait",
      "*all_reduce's Work.get_future() value on rank *, against the output*"),  # fmt: skip
     # async_op_with_wait draws the backend's all_reduce alone over 5 dtypes: bf16 in a fifth of its examples
     (
         "mutant_bf16_tail_unreduced",
-        "test_all_reduce.py",
+        "test_works.py",
         "async_op_with_wait",
         "*over * ranks of torch.bfloat16*",
     ),
@@ -442,6 +442,20 @@ def test_the_reference_backend_passes_what_its_mutants_fail(pytester: pytest.Pyt
     result = run_on_backend(pytester, "refgloo", *sorted(files), "-k", selections)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("passed", 0) >= 5, result.stdout.str()[-3000:]
+
+
+@python_backends
+def test_a_work_that_never_completes_fails_its_own_row(pytester: pytest.Pytester) -> None:
+    """An all_gather that gathers right and whose Work never reads completed fails all_gather's async row,
+    at two world sizes, and no other row; on the clean reference backend the same rows pass."""
+    select = ["-k", "test_async_work_completes and (all_gather or broadcast)", "--world-sizes", "2,3"]
+    mutant = run_on_backend(pytester, "mutant_all_gather_never_completed", "test_works.py", *select)
+    mutant.assert_outcomes(failed=2, passed=2, skipped=2)  # all_gather_single: N/A on a Python backend
+    never = "*all_gather's Work on rank *: is_completed() is False once wait() returned"
+    mutant.stdout.fnmatch_lines([never])
+    failed = sorted(re.findall(r"^FAILED \S+::(\S+)", mutant.stdout.str(), flags=re.M))
+    assert failed == [f"test_async_work_completes[ws{n}-all_gather]" for n in (2, 3)], failed
+    run_on_backend(pytester, "refgloo", "test_works.py", *select).assert_outcomes(passed=4, skipped=2)
 
 
 @python_backends

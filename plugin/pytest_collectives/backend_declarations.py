@@ -50,6 +50,7 @@ _REFUSALS: dict[str, list[str]] = {
         r"Invalid scalar type",
         r"Cannot use ReduceOp\.\w+ with Gloo",  # PREMUL_SUM; AVG too before torch 2.3
         r"ProcessGroupGloo does not support \w+",  # reduce_scatter before torch 2.3
+        r"Gloo reduce_scatter_base fallback not supported with async_op=True",  # before torch 2.3
         # gloo's AVG divides in place: of an integer tensor, torch refuses the cast back
         r"result type Float can't be cast to the desired output type \w+",
         # a layout it does not take: all_to_all_single of a strided view, send and recv of any non-dense one

@@ -184,6 +184,7 @@ PLANTED_FILES = (
     "test_every_cell.py",
     "test_layouts.py",
     "test_mismatches.py",
+    "test_works.py",
 )
 
 

@@ -383,7 +383,21 @@ class LargeReduceScatterTailUnreduced(ReferenceBackend):
         return work
 
 
-class _Landing(dist.Work):
+class _Wrapped(dist.Work):
+    """A Work that is ``inner``'s, but for what a mutant changes."""
+
+    def __init__(self, inner: dist.Work) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def wait(self, timeout: Any = None) -> bool:
+        return self.inner.wait()
+
+    def is_completed(self) -> bool:
+        return self.inner.is_completed()
+
+
+class _Landing(_Wrapped):
     """A receive that lands in a buffer of its own and is copied to ``target`` when waited (only the
     ``parts`` of its flat elements given, where some are)."""
 
@@ -394,8 +408,8 @@ class _Landing(dist.Work):
         target: torch.Tensor,
         parts: tuple[slice, ...] = (slice(None),),
     ) -> None:
-        super().__init__()
-        self.inner, self.landing, self.target, self.parts, self.waited = inner, landing, target, parts, False
+        super().__init__(inner)
+        self.landing, self.target, self.parts, self.waited = landing, target, parts, False
 
     def wait(self, timeout: Any = None) -> bool:
         self.inner.wait()
@@ -404,9 +418,6 @@ class _Landing(dist.Work):
                 self.target.view(-1)[part].copy_(self.landing.view(-1)[part])
             self.waited = True
         return True
-
-    def is_completed(self) -> bool:
-        return self.inner.is_completed()
 
 
 class SharedStagingBuffer(ReferenceBackend):
@@ -739,36 +750,24 @@ class UnevenListAllToAllOffByOne(ReferenceBackend):
         return _Done()
 
 
-class _FromAnotherRank(dist.Work):
+class _FromAnotherRank(_Wrapped):
     """A receive from any source that lands its message and names the wrong sender: two ranks up (in a
     ring of 3 or more, not the receiver itself, which torch would refuse to return)."""
 
     def __init__(self, inner: dist.Work, world_size: int) -> None:
-        super().__init__()
-        self.inner, self.world_size = inner, world_size
-
-    def wait(self, timeout: Any = None) -> bool:
-        return self.inner.wait()
-
-    def is_completed(self) -> bool:
-        return self.inner.is_completed()
+        super().__init__(inner)
+        self.world_size = world_size
 
     def _source_rank(self) -> int:
         return (self.inner._source_rank() + 2) % self.world_size
 
 
-class _Stale(dist.Work):
+class _Stale(_Wrapped):
     """A Work whose future and result hold ``value``, not what the call wrote."""
 
     def __init__(self, inner: dist.Work, value: list[torch.Tensor]) -> None:
-        super().__init__()
-        self.inner, self.value = inner, value
-
-    def wait(self, timeout: Any = None) -> bool:
-        return self.inner.wait()
-
-    def is_completed(self) -> bool:
-        return self.inner.is_completed()
+        super().__init__(inner)
+        self.value = value
 
     def get_future(self) -> torch.futures.Future:
         future: torch.futures.Future = torch.futures.Future()
@@ -789,6 +788,23 @@ class FutureHoldsTheInput(ReferenceBackend):
     def allreduce(self, tensors: list[Any], opts: Any = None) -> dist.Work:
         before = [t.clone() for t in tensors]
         return _Stale(super().allreduce(tensors, opts), before)
+
+
+class _NeverCompleted(_Wrapped):
+    """A Work that does its work when waited and never says it is completed."""
+
+    def is_completed(self) -> bool:
+        return False
+
+
+class AllGatherNeverCompleted(ReferenceBackend):
+    """all_gather gathers right, and its Work's is_completed() stays False once wait() returned: code that
+    polls it (or counts unfinished work) waits for good."""
+
+    name = "mutant_all_gather_never_completed"
+
+    def allgather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        return _NeverCompleted(super().allgather(outputs, inputs, opts))
 
 
 class AnySourceNamesAnotherSender(ReferenceBackend):
@@ -1152,6 +1168,7 @@ MUTANTS = [
     UnevenListAllToAllOffByOne,
     AnySourceNamesAnotherSender,
     FutureHoldsTheInput,
+    AllGatherNeverCompleted,
 ]
 register(*MUTANTS, RecordsBufferForms)
 refuses(WritesThenRefusesChannelsLast.name, "Tensors must be contiguous")
