@@ -50,6 +50,9 @@ TIERED = [
     "--tier-budget", "inf", "--hypothesis-seed", "1",
 ]  # fmt: skip
 
+# each call made async, the Work it returns held to torch's word: all_gather's (a row apart) and broadcast's
+WORKS = ["test_works.py", "-k", "test_async_work_completes and (all_gather or broadcast)"]
+
 # (row, backend, arguments, environment, exit status, a line the output must hold)
 ROWS = [
     ("a fault at group start under one setting", "mutant_faults_at_start_under_ll128", [*ALL_REDUCE, *SWEEP],
@@ -115,6 +118,10 @@ ROWS = [
     ("the gate's judge without a baseline fails, in the terminal, the node report and its own report",
      "refgloo", [*P2P, "--fail-on-regression", "--gate-report", "gate", "--node-report", "report"], {}, 1,
      "performance gate: FAIL, baseline error: no baseline for this topology*"),
+    ("an async Work that never reads completed, at 2 and 3 ranks", "mutant_all_gather_never_completed",
+     [*WORKS, "--world-sizes", "2,3"], {}, 1, "*= 2 failed, 2 passed, 2 skipped*"),
+    ("... an async Work under xdist", "mutant_all_gather_never_completed",
+     [*WORKS, "--world-sizes", "2,3", "-n", "2"], {}, 1, "*= 2 failed, 2 passed, 2 skipped*"),
     ("control: the clean reference backend, swept", "refgloo", [*ALL_REDUCE, *SWEEP], {}, 0, "*2 passed*"),
     ("control: ... its node report under --benchmark-only", "refgloo",
      [*P2P, "--benchmark-only", "--node-report", "report"], {}, 0, "node report: WARN, *report.html"),
@@ -134,7 +141,10 @@ def test_each_planted_bug_gets_its_verdict_in_each_mode(
 ) -> None:
     result = run_on_backend(
         pytester, backend, *args, perf=True, dist_timeout=60, subprocess_timeout=600,
-        files=("test_all_reduce.py", "test_operations.py", "test_point_to_point.py", "test_every_cell.py"),
+        files=(
+            "test_all_reduce.py", "test_operations.py", "test_point_to_point.py", "test_every_cell.py",
+            "test_works.py",
+        ),
         env={"ACME_PROTO": "", **{name: value.format(tmp=pytester.path) for name, value in env.items()}},
     )  # fmt: skip
     out = result.stdout.str()
@@ -156,6 +166,10 @@ SPMD_ROWS = [
     ("float32 all_reduce wrong on every call, at 3 ranks (and 2, a subgroup), in the node report",
      "mutant_wrong_after_wear", [*ALL_REDUCE, "--node-report", "report"], {"ACME_WEAR_CALLS": "0"}, 3, 1,
      "*= 2 failed, *"),
+    ("an async Work that never reads completed, at 2 ranks", "mutant_all_gather_never_completed", WORKS, {},
+     2, 1, "*= 1 failed, 1 passed, 1 skipped*"),
+    ("... an async Work at 3 ranks (and 2, a subgroup)", "mutant_all_gather_never_completed", WORKS, {}, 3, 1,
+     "*= 2 failed, 2 passed, 2 skipped*"),
     ("control: the clean reference backend's timed transfers, at 2 ranks", "refgloo", P2P, {}, 2, 0,
      "*= 1 passed, *"),
     ("control: ... its all_reduce at 3 ranks (and 2), in the node report", "refgloo",
@@ -171,7 +185,7 @@ SPMD_ROWS = [
 def test_each_planted_bug_gets_its_verdict_under_torchrun(
     pytester: pytest.Pytester, backend, args, env, ranks, status, line
 ) -> None:
-    copy_conformance(pytester.path, ("test_all_reduce.py", "test_operations.py"))
+    copy_conformance(pytester.path, ("test_all_reduce.py", "test_operations.py", "test_works.py"))
     for path in (SUITES / "perf").glob("*.py"):
         (pytester.path / path.name).write_text(path.read_text())
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
