@@ -105,6 +105,29 @@ def test_a_mutant_s_reproduction_fails_on_it_and_passes_on_the_reference(pyteste
     assert "every result as expected" in on_reference.stdout
 
 
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+def test_an_async_work_s_reproduction_fails_on_the_mutant_and_passes_on_the_reference(
+    pytester: pytest.Pytester,
+) -> None:
+    """A Work that never reads completed (all_gather's, planted): the script written from the suite's
+    failure, at 2 and 3 ranks, exits 1 on the mutant naming the Work's answer, and 0 with its backend
+    named refgloo."""
+    mutant = "mutant_all_gather_never_completed"
+    select = ["-k", "test_async_work_completes and all_gather", "--reproductions", "repro"]
+    run_on_backend(pytester, mutant, *select, files=("test_works.py",), world_sizes="2,3")
+    for n in (2, 3):
+        script = pytester.path / "repro" / f"{mutant}-all_gather-async_work-ws{n}.py"
+        text = script.read_text()
+        on_mutant = _run_alone(script, str(SUPPORT))
+        assert on_mutant.returncode == 1, on_mutant.stdout + on_mutant.stderr
+        wrong = "all_gather's Work: [wait() returned True, is_completed() once waited]: 1 of 2 elements WRONG"
+        assert wrong in on_mutant.stdout, on_mutant.stdout
+        script.write_text(text.replace(repr(mutant), repr("refgloo")))
+        on_reference = _run_alone(script, str(SUPPORT))
+        assert on_reference.returncode == 0, on_reference.stdout + on_reference.stderr
+        assert "every result as expected" in on_reference.stdout
+
+
 def test_every_known_bug_says_where_it_stands_upstream() -> None:
     """A report's address, or "not reported upstream" with the reproduction committed beside the
     manifest."""

@@ -31,7 +31,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "write_reproduction": ("execution.reproductions", "write_reproduction"),
     **{
         n: ("conformance.standalone", n)
-        for n in ("FailingCall", "backend_modules", "layout_script", "point_to_point_script")
+        for n in ("FailingCall", "backend_modules", "layout_script", "point_to_point_script", "work_script")
     },
     "share": ("execution.ipc", "share"),
     # algorithms under test, and the exact references they are held to

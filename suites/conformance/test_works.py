@@ -16,13 +16,17 @@ from hypothesis import strategies as st
 
 from pytest_collectives import (
     FLOATS,
+    FailingCall,
     assert_moved,
     assert_reduced_close,
+    backend_modules,
     examples,
     rank_input,
     reduce_op,
     reductions,
     refusal,
+    work_script,
+    write_reproduction,
 )
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
@@ -169,7 +173,17 @@ def test_async_work_completes(pg, name):
             failures.append(f"{what}: is_completed() is False once wait() returned")
     for k, (got, want) in enumerate(zip(outputs, blocking, strict=True)):
         failures.append(_failure(assert_moved, got, want, f"{name} async, output {k}, against it blocking"))
-    assert not any(failures), "\n".join(filter(None, failures))
+    said = "\n".join(filter(None, failures))
+    if said:
+        call = FailingCall(
+            pg.backend, n, f"{name} async", "contiguous", "contiguous", torch.int32, (-1,),
+            given=lambda r, _: rank_input(pg.seed, r, (n * m,), torch.int32, op="sum", members=n),
+            device=pg.device.type, modules=backend_modules(pg.backend), root=n - 1,
+        )  # fmt: skip
+        written_from = f"test_works.py::test_async_work_completes[ws{n}-{name}]"
+        text = work_script(call, name, _call, m, said.splitlines()[0], written_from)
+        said += "\n" + write_reproduction(pg, f"{pg.backend}-{name}-async_work-ws{n}", text)
+    assert not said, said
 
 
 @pytest.mark.world_size()

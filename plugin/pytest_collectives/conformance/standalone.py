@@ -14,11 +14,12 @@ import math
 import textwrap
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from pytest_collectives.algorithms.reference import PREMUL_FACTOR
-from pytest_collectives.conformance.inlining import Inlined
+from pytest_collectives.conformance.inlining import Inlined, inlined
 
 # Each call of the layout test as torch documents it, in the script's words: ``given(r, p)`` is what rank r
 # sends rank p, ``laid`` puts a tensor in the inputs' layout and ``unwritten`` makes an output in the
@@ -151,7 +152,7 @@ def _script(
     if code is not None:
         known = {*_TEMPLATE.splitlines(), *stdlib_lines.splitlines()}
         imports += "".join(f"{line}\n" for line in code.imports if line not in known)
-        definitions = f"# The algorithm that failed, as it was run: {code.name} and what it calls.\n\n\n"
+        definitions = f"# The code that made the failing call: {code.name} and what it calls.\n\n\n"
         definitions += f"{code.code}\n\n\n"
     return _TEMPLATE.format(
         title=title,
@@ -431,6 +432,38 @@ def point_to_point_script(
     lines = POINT_TO_POINT_LINES.format(src=src, dst=dst, mode=mode, send=send, receive=receive)
     title = f"{call.backend}: {mode} of {_layouts(call)} from rank {src} to rank {dst} of {call.world_size}"
     return _script(call, f"{title}, {call.dtype}", lines, found, written_from)
+
+
+# An operation made async, its Work held to torch's word beside what it wrote: {fn} makes the call, blocking
+# or async, and hands back what the call returned (a Work, or a list of them) and the tensors it wrote.
+WORK_LINES = """
+    x = given(me)
+    _, blocking = {fn}({operation!r}, x.clone(), {m}, ROOT, OP, False)
+    made, outputs = {fn}({operation!r}, x.clone(), {m}, ROOT, OP, True)
+    works = made if isinstance(made, list) else [made]
+    waited = [work.wait() for work in works]
+    if DEVICE == "cuda":  # wait() only orders the stream: is_completed() reads the GPU's progress
+        torch.cuda.synchronize()
+    # a row a Work: [its wait() returned True, it is completed once waited], each True by torch's docs
+    said = torch.tensor([[w is True, work.is_completed()] for w, work in zip(waited, works)])
+    what = "{operation}'s Work: [wait() returned True, is_completed() once waited]"
+    return [(what, said, exactly(torch.ones_like(said)))] + [
+        (f"{operation} async, output {{k}}, against the same call blocking", got, exactly(want))
+        for k, (got, want) in enumerate(zip(outputs, blocking))
+    ]"""
+
+
+def work_script(
+    call: FailingCall, operation: str, make: Callable[..., Any], m: int, found: str, written_from: str
+) -> str | None:
+    """The standalone reproduction of ``operation`` made async on ``call``'s inputs (``given(r, 0)``, rank
+    r's whole input), its Work's ``wait()`` and ``is_completed()`` held to True and its outputs to the
+    blocking call's: ``make(operation, x, m, root, op, async_op)``, copied in with what it calls, makes
+    the call and hands back what it returned and the tensors it wrote."""
+    code = inlined(make)
+    lines = WORK_LINES.format(fn=code.name, operation=operation, m=m)
+    title = f"{call.backend}: {operation} made async, its Work, {call.world_size} ranks, {call.dtype}"
+    return _script(call, title, lines, found, written_from, "sum", code)
 
 
 # how each kind's values are written inline, what an unwritten output holds (rank inputs never hold it),
