@@ -37,12 +37,12 @@ def main(write: bool) -> int:
             if not written.is_file():
                 print(f"{name}: no script written (the bug no longer fires?)")
                 return 1
-            committed = SUITES / "known_bugs" / f"{name}.py"
-            if committed.read_text() != written.read_text():
+            committed, text = SUITES / "known_bugs" / f"{name}.py", written.read_text()
+            if committed.read_text() != text:
                 changed += 1
                 print(f"{committed}: {'rewritten' if write else 'differs (--write rewrites it)'}")
                 if write:
-                    committed.write_text(written.read_text())
+                    committed.write_text(text)
     print(f"{changed} of {len(targets)} scripts {'rewritten' if write else 'differ'}")
     return 0
 
