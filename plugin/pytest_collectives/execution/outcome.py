@@ -139,10 +139,9 @@ class GroupOutcome:
         is the machine's timing, and hypothesis replays an example expecting the same failure): the
         hang's culprit; else the lowest crashed rank; else the lowest whose error is its own rather than
         a lost peer; else the lowest that did not pass. None where every rank passed."""
-        bad = [r for r in self.ranks if r.status != PASSED]
         if self.culprit is not None:
             return next(r for r in self.ranks if r.rank == self.culprit[0])
-        by_rank = {r.rank: r for r in bad}
+        by_rank = {r.rank: r for r in self.ranks if r.status != PASSED}
         rank = likely_cause(by_rank, sorted(by_rank))
         return None if rank is None else by_rank[rank]
 
