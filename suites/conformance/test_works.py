@@ -151,7 +151,11 @@ def test_async_work_completes(pg, name):
     wait() returns True, which is_completed() once wait() returned, and which leaves what the same call
     made blocking leaves."""
     n, me, m = pg.world_size, pg.rank, 5
-    x = rank_input(pg.seed, me, (n * m,), torch.int32, op="sum", members=n).to(pg.device)
+
+    def given(r: int, _: int = 0) -> torch.Tensor:  # rank r's whole input, here and in a reproduction
+        return rank_input(pg.seed, r, (n * m,), torch.int32, op="sum", members=n)
+
+    x = given(me).to(pg.device)
     made = {}
     for async_op in (False, True):
         try:
@@ -177,7 +181,7 @@ def test_async_work_completes(pg, name):
     if said:
         call = FailingCall(
             pg.backend, n, f"{name} async", "contiguous", "contiguous", torch.int32, (-1,),
-            given=lambda r, _: rank_input(pg.seed, r, (n * m,), torch.int32, op="sum", members=n),
+            given=given,
             device=pg.device.type, modules=backend_modules(pg.backend), root=n - 1,
         )  # fmt: skip
         written_from = f"test_works.py::test_async_work_completes[ws{n}-{name}]"

@@ -59,7 +59,9 @@ class RankReport:
 @dataclasses.dataclass
 class GroupOutcome:
     ranks: list[RankReport]
-    first_failed: int | None = None  # the likely cause when several ranks fail
+    # the likely cause in the order the ranks reported (shown as first to fail); blamed() is the rank a
+    # failure is told by, the same in every run
+    first_failed: int | None = None
     timeout_s: float = 0.0
     replaced: list[str] = dataclasses.field(default_factory=list)  # why the group was thrown away
     restored: list[str] = dataclasses.field(default_factory=list)  # what was put back on a rank kept (SPMD)
