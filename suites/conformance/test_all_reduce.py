@@ -124,6 +124,8 @@ def test_async_all_reduces_in_flight(pg, case, count, order, same_shape, groups)
     works = [dist.all_reduce(t, op=op, group=on[k % groups], async_op=True) for k, t in enumerate(tensors)]
     for k in (k for k in order if k < count):
         works[k].wait()
+        if pg.device.type == "cuda":  # wait() only orders the stream: is_completed() reads the GPU's progress
+            torch.cuda.synchronize(pg.device)
         assert works[k].is_completed(), f"all_reduce {k + 1} of {count}: wait() returned, not completed"
     for k, (tensor, x) in enumerate(zip(tensors, inputs, strict=True)):
         try:
