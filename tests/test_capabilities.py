@@ -350,6 +350,11 @@ MUTANTS = [
     ("mutant_any_source_names_another_sender", "test_point_to_point.py", "any_source",
      "*from any source; told rank *"),  # fmt: skip
     ("mutant_broadcast_ignores_root", "test_operations.py", "test_broadcast", "*broadcast from group rank*"),
+    # the rooted list calls, which the reference backend does not make
+    ("mutant_rooted_lists_rotated", "test_operations.py", "not object and test_gather",
+     "*gather at group rank *: group rank *'s part*"),  # fmt: skip
+    ("mutant_rooted_lists_rotated", "test_operations.py", "not object and test_scatter",
+     "*scatter from group rank * on group rank *"),  # fmt: skip
     # right in place, its Work's future holding the input as it was: what DDP's hooks read
     ("mutant_future_holds_the_input", "test_works.py", "async_op_with_wait",
      "*all_reduce's Work.get_future() value on rank *, against the output*"),  # fmt: skip

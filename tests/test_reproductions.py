@@ -30,7 +30,14 @@ from pytest_collectives.conformance.standalone import (
     group_call_script,
     point_to_point_script,
 )
-from pytest_collectives.execution.reproductions import naming, reproductions_in, write_closest
+from pytest_collectives.execution.messages import FAILED
+from pytest_collectives.execution.outcome import GroupOutcome, RankReport
+from pytest_collectives.execution.reproductions import (
+    naming,
+    reproductions_in,
+    write_closest,
+    write_drafts,
+)
 
 GLOO_LAYOUT_BUGS = [
     bug for bug in load(SUITES / "known_bugs.json")
@@ -141,14 +148,25 @@ def test_every_known_bug_says_where_it_stands_upstream() -> None:
         assert not script or (manifest.parent / script.group()).is_file(), (entry["test"], upstream)
 
 
-@pytest.mark.skipif(torch_below(2, 3), reason="gloo refuses an async reduce_scatter_tensor before torch 2.3")
-def test_the_async_reduce_scatter_work_script_shows_the_bug() -> None:
-    """The one committed script written by hand (no property writes a Work's returns as a script): run as
-    given on torch's gloo, it shows the bug and exits 1."""
+@pytest.mark.skipif(torch_below(2, 13), reason="the manifest holds the bug of torch 2.13")
+def test_the_async_reduce_scatter_work_scripts_show_the_bug(pytester: pytest.Pytester) -> None:
+    """gloo's async reduce_scatter whose Work never reads completed: the committed script (written by hand,
+    both forms in one file) and those the suite writes from its own known-bug failures, list and single
+    tensor at 2 ranks and at 3, each run alone on torch's gloo shows the bug and exits 1."""
     run = _run_alone(SUITES / "known_bugs" / "gloo-reduce_scatter-async_work.py")
     assert run.returncode == 1, run.stdout + run.stderr
     for name in ("reduce_scatter_tensor", "reduce_scatter"):
         assert f"{name}: wait() returned True; is_completed() False right after" in run.stdout, run.stdout
+    select = ["-k", "test_async_work_completes and reduce_scatter", "--reproductions", "repro"]
+    run_on_backend(pytester, "gloo", *select, files=("test_works.py",), world_sizes="2,3").assert_outcomes(
+        xfailed=4
+    )
+    scripts = sorted((pytester.path / "repro").glob("gloo-reduce_scatter*-async_work-ws?.py"))
+    assert len(scripts) == 4, scripts
+    for script in scripts:
+        run = _run_alone(script)
+        assert run.returncode == 1, (script.name, run.stdout + run.stderr)
+        assert "is_completed() once waited]: 1 of 2 elements WRONG" in run.stdout, (script.name, run.stdout)
 
 
 def _exits_0(script: Path, text: str | None) -> None:
@@ -223,6 +241,28 @@ def test_the_backend_s_own_call_failing_writes_a_reproduction(
         assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
 
 
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+def test_a_rooted_list_call_s_reproduction_fails_on_the_mutant_and_passes_on_gloo(
+    pytester: pytest.Pytester,
+) -> None:
+    """gather and scatter with their root's list rotated (planted): the scripts written from the suite's
+    failures, at 2 ranks and at 3, exit 1 on the mutant naming the part, and 0 with their backend named
+    gloo (the reference backend makes neither call)."""
+    mutant = "mutant_rooted_lists_rotated"
+    select = ["-k", "(test_gather or test_scatter) and not object", "--reproductions", "repro"]
+    result = run_on_backend(pytester, mutant, *select, files=("test_operations.py",), world_sizes="2,3")
+    result.assert_outcomes(failed=4)
+    for call, n, wrong in [("gather", 2, "gather to group rank"), ("scatter", 3, "scatter from group rank")]:
+        [script] = (pytester.path / "repro").glob(f"{mutant}-{call}-*-ws{n}.py")
+        text = script.read_text()
+        on_mutant = _run_alone(script, str(SUPPORT))
+        assert on_mutant.returncode == 1 and f"{wrong} " in on_mutant.stdout, on_mutant.stdout[-2000:]
+        assert "elements WRONG" in on_mutant.stdout, on_mutant.stdout[-2000:]
+        script.write_text(text.replace(repr(mutant), repr("gloo")))
+        on_gloo = _run_alone(script, str(SUPPORT))
+        assert on_gloo.returncode == 0, (script.name, on_gloo.stdout + on_gloo.stderr)
+
+
 @pytest.mark.skipif(torch_below(2, 13), reason="torch 2.2's gloo hangs in a subgroup's all_to_all_single")
 def test_a_reproduction_of_each_backend_call_gloo_gets_right_exits_0(tmp_path: Path) -> None:
     """No false alarm from the scripts of the backend's own calls: each, on a subgroup of ranks 0 and 2 of
@@ -233,7 +273,7 @@ def test_a_reproduction_of_each_backend_call_gloo_gets_right_exits_0(tmp_path: P
         (name, form) for name, (contract, _) in TORCH_CALLS.items()
         for head, _, form in (key.partition(" ") for key in CONTRACT_LINES) if head == contract
     ]  # fmt: skip
-    assert len(forms) == 11, forms
+    assert len(forms) == 13, forms
     for name, form in forms:
         layout = "offset" if name == "broadcast" else "contiguous"
         given, shape = _inputs(form)
@@ -434,3 +474,23 @@ def test_a_record_where_no_script_can_be_written_is_found_as_a_script_is(tmp_pat
     outside = write_closest("", "x", said, "a hang", "a log")
     assert outside.startswith("standalone reproduction: none (a hang), and no record written (no reprod")
 
+
+
+def test_the_script_written_is_the_blamed_rank_s_whichever_rank_answered_last(tmp_path: Path) -> None:
+    """Each failing rank drafts the script quoting its own failure; the file is the draft of the rank the
+    failure is told by (the lowest whose error is its own), in whatever order the ranks answered, and a
+    script that cannot be written says why in place of its path."""
+    script = str(tmp_path / "gloo-all_reduce-ws3.py")
+
+    def drafted(rank: int, error: str, path: str = script) -> RankReport:
+        return RankReport(rank, FAILED, f"{error}\n{naming(path)}", drafts={path: f"quoting rank {rank}"})
+
+    said = {0: "Connection reset by peer", 1: "1 element WRONG", 2: "2 elements WRONG"}
+    for order in ([0, 1, 2], [2, 1, 0], [2, 0, 1]):
+        write_drafts(GroupOutcome([drafted(r, said[r]) for r in order]))
+        assert Path(script).read_text() == "quoting rank 1", order
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    failed = GroupOutcome([drafted(0, "WRONG", str(blocked / "gloo-all_reduce-ws3.py"))])
+    write_drafts(failed)
+    assert reproductions_in(failed.render()) == [] and "none written (" in failed.render(), failed.render()

@@ -14,10 +14,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import SUITES, SUPPORT, copy_conformance, run_on_backend, torch_below
 from verdict_views import assert_one_verdict
+
+from pytest_collectives.execution.reproductions import reproductions_in
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,6 +47,10 @@ TIMED_TOO = [
 # ... and a broadcast: a repeat call that lands only part of its buffer, each call's stamp elsewhere in it
 PARTS = [*TIMED[:-1], f"{TIMED[-1]} or test_broadcast"]
 
+# gather and scatter alone, each failure's standalone reproduction written
+ROOTED = [
+    "test_operations.py", "-k", "(test_gather or test_scatter) and not object", "--reproductions", "repro",
+]
 # the all_reduce sweep at 2 ranks with its 1 Mi tier as a budget that holds every cell decides it
 TIERED = [
     "test_every_cell.py", "-k", "every_supported_cell and all_reduce and not ring", "--world-sizes", "2",
@@ -122,6 +129,8 @@ ROWS = [
      [*WORKS, "--world-sizes", "2,3"], {}, 1, "*= 2 failed, 2 passed, 2 skipped*"),
     ("... an async Work under xdist", "mutant_all_gather_never_completed",
      [*WORKS, "--world-sizes", "2,3", "-n", "2"], {}, 1, "*= 2 failed, 2 passed, 2 skipped*"),
+    ("gather and scatter whose root's list is rotated, at 2 and 3 ranks", "mutant_rooted_lists_rotated",
+     [*ROOTED, "--world-sizes", "2,3"], {}, 1, "*= 4 failed, *"),
     ("control: the clean reference backend, swept", "refgloo", [*ALL_REDUCE, *SWEEP], {}, 0, "*2 passed*"),
     ("control: ... its node report under --benchmark-only", "refgloo",
      [*P2P, "--benchmark-only", "--node-report", "report"], {}, 0, "node report: WARN, *report.html"),
@@ -157,6 +166,7 @@ def test_each_planted_bug_gets_its_verdict_in_each_mode(
         assert (json.loads(report.read_text())["verdict"] == "FAIL") == bool(status), out[-2000:]
     # the terminal, the exit status and every file written give each check one status
     assert_one_verdict(out, result.ret, pytester.path / "report", pytester.path / "gate")
+    _scripts_named_exist(out, args, status)
 
 
 # (row, backend, arguments, environment, ranks, exit status, a line the output must hold)
@@ -170,6 +180,8 @@ SPMD_ROWS = [
      2, 1, "*= 1 failed, 1 passed, 1 skipped*"),
     ("... an async Work at 3 ranks (and 2, a subgroup)", "mutant_all_gather_never_completed", WORKS, {}, 3, 1,
      "*= 2 failed, 2 passed, 2 skipped*"),
+    ("gather and scatter whose root's list is rotated, at 3 ranks (and 2)", "mutant_rooted_lists_rotated",
+     ROOTED, {}, 3, 1, "*= 4 failed, *"),
     ("control: the clean reference backend's timed transfers, at 2 ranks", "refgloo", P2P, {}, 2, 0,
      "*= 1 passed, *"),
     ("control: ... its all_reduce at 3 ranks (and 2), in the node report", "refgloo",
@@ -202,3 +214,12 @@ def test_each_planted_bug_gets_its_verdict_under_torchrun(
     report = pytester.path / "report" / "report.json"
     assert report.exists() == ("--node-report" in args), out[-2000:]
     assert_one_verdict(out, run.returncode, pytester.path / "report")
+    _scripts_named_exist(out, args, status)
+
+
+def _scripts_named_exist(out: str, args: list[str], status: int) -> None:
+    """Every standalone reproduction (or record) the output names is there, and a failed run that asked
+    for them in a folder of its own names some."""
+    named = reproductions_in(out)
+    assert all(Path(path).is_file() for path in named), [path for path in named if not Path(path).is_file()]
+    assert named or not status or "--reproductions" not in args, out[-2000:]

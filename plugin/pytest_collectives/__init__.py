@@ -111,11 +111,13 @@ _PUBLIC: dict[str, tuple[str, str]] = {
             "all_to_all_matches_reference",
             "broadcast_matches_reference",
             "check_splits",
+            "gather_matches_reference",
             "gemm_reduce_scatter_matches_reference",
             "matches_reference",
             "reduce_matches_reference",
             "reduce_scatter_matches_reference",
             "run_all_reduce",
+            "scatter_matches_reference",
         )
     },
     "subgroup_members": ("conformance.properties", "members"),

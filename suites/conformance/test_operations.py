@@ -32,6 +32,7 @@ from pytest_collectives import (
     cases,
     every_cell,
     examples,
+    gather_matches_reference,
     laid_out,
     movements,
     of_the_algorithm,
@@ -41,6 +42,7 @@ from pytest_collectives import (
     refusal,
     refused_example,
     registered,
+    scatter_matches_reference,
     sentinel,
     subgroup_members,
     sweep,
@@ -232,37 +234,14 @@ def test_channels_last_is_read_and_written_as_laid_out(pg, case, shape):
 @pytest.mark.needs("gather")
 @examples(case=movements(["gather"]))
 def test_gather(pg, case):
-    """The root's list holds every member's input in group-rank order (a permutation is caught)."""
-    found = subgroup_members(pg, case)
-    if found is None:
-        return
-    group, ranks, n, me = found
-    root = case.root % n
-    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
-    outputs = [sentinel(case.size, case.dtype, pg.device) for _ in range(n)] if me == root else None
-    mine = laid_out(inputs[me], case.layout, pg.device)
-    dist.gather(mine, outputs, dst=ranks[root], group=group)
-    for i, out in enumerate(outputs or []):
-        assert_moved(out, inputs[i], f"gather at group rank {root}: group rank {i}'s part")
-    assert_unchanged(mine, inputs[me], f"gather's input on group rank {me}")
+    gather_matches_reference(pg, dist.gather, case)
 
 
 @pytest.mark.world_size()
 @pytest.mark.needs("scatter")
 @examples(case=movements(["scatter"]))
 def test_scatter(pg, case):
-    found = subgroup_members(pg, case)
-    if found is None:
-        return
-    group, ranks, n, me = found
-    root = case.root % n
-    parts = [case.part(pg.seed, ranks[root], i, case.size, n) for i in range(n)]
-    sources = [laid_out(p, case.layout, pg.device) for p in parts] if me == root else None
-    output = sentinel(case.size, case.dtype, pg.device)
-    dist.scatter(output, sources, src=ranks[root], group=group)
-    assert_moved(output, parts[me], f"scatter from group rank {root} on group rank {me}")
-    for i, source in enumerate(sources or []):
-        assert_unchanged(source, parts[i], f"scatter's part for group rank {i} at group rank {root}")
+    scatter_matches_reference(pg, dist.scatter, case)
 
 
 def blob(size: int, salt: int) -> bytes:

@@ -1,8 +1,8 @@
 """gloo: scatter of a channels_last input into a contiguous output, 2 ranks, torch.float32
 
 Found by the pytest-collectives conformance suite: channels_last_to_contiguous scatter from rank 1
-on rank 1: 56 of 60 elements wrong (0 never written); first at 1: got -0.7288629412651062, expected
-1.4762085676193237. Written from test_layouts.py::test_backend_call_in_a_layout[ws2-scatter-
+on rank 0: 56 of 60 elements wrong (0 never written); first at 1: got 1.469887137413025, expected
+-1.631551742553711. Written from test_layouts.py::test_backend_call_in_a_layout[ws2-scatter-
 channels_last_to_contiguous], torch.float32, on torch 2.13.0+cpu.
 
 Standalone: needs only torch and the backend. Run it as `python THIS_FILE`: it starts the ranks on this

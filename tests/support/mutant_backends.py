@@ -807,6 +807,22 @@ class AllGatherNeverCompleted(ReferenceBackend):
         return _NeverCompleted(super().allgather(outputs, inputs, opts))
 
 
+class RootedListsRotated(ReferenceBackend):
+    """gather hands its root each member's part one place along its list, and scatter sends each rank the
+    next one's part: a root's list indexed from the wrong end (the shape of gloo's gather bug, pytorch PR
+    158903). The reference backend makes neither call: this one makes both, through gloo."""
+
+    name = "mutant_rooted_lists_rotated"
+
+    def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> dist.Work:
+        rotated = [parts[1:] + parts[:1] for parts in outputs]  # empty off the root
+        return self.inner.gather(rotated, inputs, opts or _options.GatherOptions())
+
+    def scatter(self, outputs: list[Any], inputs: list[list[Any]], opts: Any = None) -> dist.Work:
+        rotated = [parts[1:] + parts[:1] for parts in inputs]
+        return self.inner.scatter(outputs, rotated, opts or _options.ScatterOptions())
+
+
 class AnySourceNamesAnotherSender(ReferenceBackend):
     """A receive from any source lands its message and returns the wrong sender's rank."""
 
@@ -1169,6 +1185,7 @@ MUTANTS = [
     AnySourceNamesAnotherSender,
     FutureHoldsTheInput,
     AllGatherNeverCompleted,
+    RootedListsRotated,
 ]
 register(*MUTANTS, RecordsBufferForms)
 refuses(WritesThenRefusesChannelsLast.name, "Tensors must be contiguous")

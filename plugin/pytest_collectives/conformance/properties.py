@@ -90,6 +90,8 @@ BACKEND_OWN = {
     "reduce_scatter_single": "reduce_scatter_tensor",
     "all_gather_single": "all_gather_into_tensor",
     "all_to_all_single": "all_to_all_single",
+    "gather": "gather",
+    "scatter": "scatter",
 }
 
 
@@ -130,7 +132,7 @@ def all_reduce_matches_reference(pg: Any, all_reduce: Callable[..., torch.Tensor
 
 # The contracts whose checks hand the implementation a tensor in the drawn layout (the others hand it dense
 # tensors), and those that work in place, their output in that layout too.
-_LAID = ("all_reduce", "reduce", "broadcast", "all_to_all")
+_LAID = ("all_reduce", "reduce", "broadcast", "all_to_all", "gather", "scatter")
 _IN_PLACE = ("all_reduce", "reduce", "broadcast")
 
 
@@ -161,7 +163,7 @@ def _reproduction(
     elif sizes is not None:
         shape = (-1,)
         given = lambda r, p: case.part(pg.seed, r, p, sizes[ranks.index(r)][p], n)  # noqa: E731
-    elif contract in ("reduce_scatter", "all_to_all"):  # inputs per (rank, group rank)
+    elif contract in ("reduce_scatter", "all_to_all", "scatter"):  # inputs per (rank, group rank)
         shape = (size // n if contract == "all_to_all" else size,)
         given = lambda r, p: case.part(pg.seed, r, p, shape[0], n)  # noqa: E731
     else:
@@ -360,6 +362,42 @@ def reduce_matches_reference(pg: Any, reduce: Callable[..., torch.Tensor], case:
         assert_reduced_close(tensor, everyone(pg, case, ranks, mine), case.op, case.values)
     else:
         assert_written_within(tensor, f"{name_of(reduce)} to group rank {root} on group rank {me}")
+
+
+@_reproducible
+def gather_matches_reference(pg: Any, gather: Callable[..., Any], case: Case) -> None:
+    """``gather(tensor, gather_list, dst=, group=)``, torch's: group rank ``case.root % n``'s list holds
+    every member's input in group-rank order (a permutation is caught), each input left as it was."""
+    found = members(pg, case)
+    if found is None:
+        return
+    group, ranks, n, me = found
+    root = case.root % n
+    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
+    outputs = [sentinel(case.size, case.dtype, pg.device) for _ in range(n)] if me == root else None
+    mine = laid_out(inputs[me], case.layout, pg.device)
+    gather(mine, outputs, dst=ranks[root], group=group)
+    for i, out in enumerate(outputs or []):
+        assert_moved(out, inputs[i], f"gather at group rank {root}: group rank {i}'s part")
+    assert_unchanged(mine, inputs[me], f"gather's input on group rank {me}")
+
+
+@_reproducible
+def scatter_matches_reference(pg: Any, scatter: Callable[..., Any], case: Case) -> None:
+    """``scatter(tensor, scatter_list, src=, group=)``, torch's: each member receives its own part of
+    group rank ``case.root % n``'s list, and the root's parts are left as they were."""
+    found = members(pg, case)
+    if found is None:
+        return
+    group, ranks, n, me = found
+    root = case.root % n
+    parts = [case.part(pg.seed, ranks[root], i, case.size, n) for i in range(n)]
+    sources = [laid_out(p, case.layout, pg.device) for p in parts] if me == root else None
+    output = sentinel(case.size, case.dtype, pg.device)
+    scatter(output, sources, src=ranks[root], group=group)
+    assert_moved(output, parts[me], f"scatter from group rank {root} on group rank {me}")
+    for i, source in enumerate(sources or []):
+        assert_unchanged(source, parts[i], f"scatter's part for group rank {i} at group rank {root}")
 
 
 # The check of each contract that takes (pg, implementation, case) alone: out of place where the contract

@@ -291,6 +291,24 @@ CONTRACT_LINES = {
     {call}
     return [("{name} in place stacked in the group of ranks {members}", output,
              exactly(torch.stack([given(r) for r in members])))]""",
+    "gather": """
+    outputs = [unwritten(SHAPE) for _ in members] if at == ROOT else None
+    mine = laid(given(me))
+    {call}
+    held = [("its input, after the call", mine, exactly(given(me)))]
+    if at != ROOT:
+        return held  # torch documents the root's list alone
+    parts = [(f"{name} to group rank {{ROOT}}: group rank {{p}}'s part", out, exactly(given(r)))
+             for p, (out, r) in enumerate(zip(outputs, members))]
+    return held + parts""",
+    "scatter": """
+    output = unwritten(SHAPE)
+    root = members[ROOT]
+    parts = [laid(given(root, p)) for p in range(len(members))] if at == ROOT else None
+    {call}
+    sent = [(f"its part for group rank {{p}}, after the call", part, exactly(given(root, p)))
+            for p, part in enumerate(parts or [])]
+    return [(f"{name} from group rank {{ROOT}}", output, exactly(given(root, at)))] + sent""",
     "all_to_all": """
     output = unwritten((len(members) * SHAPE[0], *SHAPE[1:]))
     kept = torch.cat([given(me, p) for p in range(len(members))])
@@ -334,6 +352,8 @@ TORCH_CALLS = {
     ),
     "all_gather_into_tensor": ("all_gather", "dist.all_gather_into_tensor(output, mine, group=group)"),
     "all_to_all_single": ("all_to_all", "dist.all_to_all_single(output, source, {splits}, group=group)"),
+    "gather": ("gather", "dist.gather(mine, outputs, dst=members[ROOT], group=group)"),
+    "scatter": ("scatter", "dist.scatter(output, parts, src=members[ROOT], group=group)"),
 }
 # A registered algorithm's call, by its contract, as the checks make it: {fn} is the algorithm, {params}
 # its registered parameters.

@@ -121,6 +121,9 @@ class RankResult:
     known_failure: str = ""  # the first of them, its traceback
     refused: list[str] = dataclasses.field(default_factory=list)  # the words of each example refused
     resume_at: int | None = None  # the first example a refusal left unrun (examples.Tally.resume_at)
+    # path -> text of each standalone reproduction the call drafted: the controller writes the one of the
+    # rank the failure is told by (reproductions.write_drafts)
+    drafts: dict[str, str] = dataclasses.field(default_factory=dict)
     printed: bool = True  # whether the rank wrote to its stdout or stderr in the test
     # time.perf_counter() when the rank took the task, began the body, ended it and answered: where a test's
     # time goes on the ranks (docs/measurements/scripts/bench_harness_cost.py)

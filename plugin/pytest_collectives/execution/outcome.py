@@ -32,6 +32,7 @@ class RankReport:
     known_failure: str = ""  # the first of them, its traceback
     refused: list[str] = dataclasses.field(default_factory=list)  # the words of each example refused
     resume_at: int | None = None  # the first example a refusal left unrun here
+    drafts: dict[str, str] = dataclasses.field(default_factory=dict)  # the reproductions it drafted
 
     @classmethod
     def of(cls, result: RankResult, **more: object) -> RankReport:
@@ -52,6 +53,7 @@ class RankReport:
             known_failure=result.known_failure,
             refused=result.refused,
             resume_at=result.resume_at,
+            drafts=result.drafts,
             **more,  # type: ignore[arg-type]
         )
 

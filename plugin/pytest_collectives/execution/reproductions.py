@@ -1,5 +1,6 @@
-"""Standalone reproductions: the folder a run writes them to, and the writing, on the rank that found the
-failure (every rank that did writes the same file: each knows every rank's inputs)."""
+"""Standalone reproductions: the folder a run writes them to, and the writing. Each rank that finds a
+failure drafts the script (each knows every rank's inputs, but quotes its own failure); the controller
+writes the draft of the rank the failure is told by, so the same run gives the same file."""
 
 from __future__ import annotations
 
@@ -24,42 +25,64 @@ def reproductions_folder(config: pytest.Config, settings: options.Settings) -> P
 
 
 WORDS = "standalone reproduction: "  # what names one under a failure, for the reports to find
+_OUTSIDE = "no reproductions folder outside a pytest session"
 CLOSEST = "its closest thing, "  # what names a record where a failure cannot be reproduced alone
 
 
 def write_reproduction(pg: Any, name: str, text: str | None) -> str:
-    """Write ``text`` as ``name``.py in the running test's reproductions folder: the line that names it,
-    for the failure's message (or says why none was written; ``text`` is None where the failing example's
-    inputs are too many to write)."""
+    """Draft ``text`` as ``name``.py in the running test's reproductions folder, written once the group's
+    outcome is known (write_drafts): the line that names it, for the failure's message (or says why none
+    was written; ``text`` is None where the failing example's inputs are too many to write)."""
     if text is None:
         return f"{WORDS}none written (the failing example's inputs are over 32768 elements)"
     if not getattr(pg, "reproductions", ""):
-        return f"{WORDS}none written (no reproductions folder outside a pytest session)"
-    path, error = _written(pg.reproductions, name + ".py", text)
-    return f"{WORDS}none written ({error})" if error else f"{WORDS}{path}"
+        return f"{WORDS}none written ({_OUTSIDE})"
+    path = _file_in(pg.reproductions, name + ".py")
+    pg.drafts[str(path)] = text
+    return f"{WORDS}{path}"
+
+
+def write_drafts(outcome: GroupOutcome) -> None:
+    """Write each script the ranks drafted (a sweep's every failed cell, not only the one its report
+    names) as the rank the outcome blames drafted it, else as the lowest rank that did: each rank's draft
+    quotes its own failure, and which rank wrote last was the machine's timing. A script that cannot be
+    written is said so in place of its path."""
+    blamed = outcome.blamed()
+    order = sorted(outcome.ranks, key=lambda r: (r is not blamed, r.rank))
+    for path in dict.fromkeys(path for report in order for path in report.drafts):
+        text = next(r.drafts[path] for r in order if path in r.drafts)
+        try:
+            _write(Path(path), text)
+        except OSError as exc:
+            for report in outcome.ranks:
+                for field in ("detail", "known_failure"):
+                    said = getattr(report, field).replace(f"{WORDS}{path}", f"{WORDS}none written ({exc})")
+                    setattr(report, field, said)
 
 
 def write_closest(folder: str, name: str, text: str, why: str, what: str) -> str:
     """Write ``text``, the closest thing to a reproduction that a failure which cannot be reproduced alone
     has (``why`` says why not; ``what`` what the record holds), as ``name``.txt in ``folder``: the line
     that names it, for the failure's message."""
-    outside = "no reproductions folder outside a pytest session"
-    path, error = _written(folder, name + ".txt", text) if folder else (None, outside)
-    if error:
-        return f"{WORDS}none ({why}), and no record written ({error})"
+    if not folder:
+        return f"{WORDS}none ({why}), and no record written ({_OUTSIDE})"
+    path = _file_in(folder, name + ".txt")
+    try:
+        _write(path, text)
+    except OSError as exc:
+        return f"{WORDS}none ({why}), and no record written ({exc})"
     return f"{WORDS}none ({why}); {CLOSEST}{what}: {path}"
 
 
-def _written(folder: str | os.PathLike[str], name: str, text: str) -> tuple[Path, str]:
-    """``text`` written to ``name`` (made a file name) in ``folder``; the error that stopped it, if any."""
+def _file_in(folder: str | os.PathLike[str], name: str) -> Path:
+    """``name``, made a file name, in ``folder``."""
     stem, dot, suffix = name.rpartition(".")
-    path = Path(folder) / (re.sub(r"[^\w.-]+", "_", stem).strip("_") + dot + suffix)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, text)
-    except OSError as exc:
-        return path, str(exc)
-    return path, ""
+    return Path(folder) / (re.sub(r"[^\w.-]+", "_", stem).strip("_") + dot + suffix)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text)
 
 
 def reproductions_in(text: str) -> list[str]:

@@ -42,6 +42,7 @@ from pytest_collectives.execution.reproductions import (
     reproductions_folder,
     reproductions_in,
     write_closest,
+    write_drafts,
 )
 from pytest_collectives.execution.suite_api import PARAMS, SIZES, OnRanks
 from pytest_collectives.execution.tally import UNSTARTED, Tally, judge_settings, judge_tests
@@ -285,6 +286,7 @@ class DistributedSession:
             seen = item.stash.setdefault(_EXAMPLES, _Examples())
             seen.ran += len(calls)
             seen.refused += outcome.refused()
+        write_drafts(outcome)
         if verdict == "failed" or outcome.known_failure():
             item.stash.setdefault(_DRAFTS, set()).update(reproductions_in(outcome.render()))
         if outcome.known_failure() and _KNOWN_SEEN not in item.stash:

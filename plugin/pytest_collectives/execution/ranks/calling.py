@@ -139,7 +139,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
     pending.raised_calls.clear()
     shared_inputs.next_test()
     ctx.begin(task.seed)
-    ctx.reproductions = task.reproductions
+    ctx.reproductions, ctx.drafts = task.reproductions, {}
     start = time.perf_counter()
     bench = None
     kwargs = dict(task.kwargs)
@@ -188,6 +188,7 @@ def call_test(task: Task, ctx: RankContext, test: Callable[[], Callable[..., Any
         known=tally.known,
         refused=tally.refused,
         resume_at=tally.resume_at,
+        drafts=ctx.drafts,
         known_failure=_outcome_of(known, known.__traceback__)[1] if (known := tally.known_error) else "",
         timeline=(start, start + duration),
     )

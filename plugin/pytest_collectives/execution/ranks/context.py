@@ -62,6 +62,7 @@ class RankContext:
     device: torch.device
     seed: int
     reproductions: str = ""  # where the running test's standalone reproductions go (--reproductions)
+    drafts: dict[str, str] = dataclasses.field(default_factory=dict)  # those it drafted (RankResult.drafts)
     _subgroups: dict[tuple[int, ...], Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
