@@ -173,6 +173,10 @@ def _exits_0(script: Path, text: str | None) -> None:
     """``text`` (a script written for a call gloo gets right) run alone: it exits 0, saying so."""
     script.write_text(text or "")
     run = _run_alone(script)
+    if run.returncode != 0 and "WRONG" not in run.stdout:
+        # no result judged wrong: torch 2.2's gloo, on a busy machine, lost a connection as the ranks met
+        # or hung in the teardown (seen once in CI beside the suites); a false alarm shows in a rerun too
+        run = _run_alone(script)
     assert run.returncode == 0 and "every result as expected" in run.stdout, (script.name, run.stdout)
 
 
