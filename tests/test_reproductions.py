@@ -17,7 +17,7 @@ import torch
 from helpers import SUITES, SUPPORT, run_on_backend, torch_below
 from test_planted_bugs import MUTANTS, plant
 
-from pytest_collectives import FailingCall, layout_script, rank_input
+from pytest_collectives import FailingCall, exceptional_script, layout_script, rank_input
 from pytest_collectives.algorithms import registry
 from pytest_collectives.conformance.inlining import NotInlinable, inlined
 from pytest_collectives.conformance.known_bugs import load
@@ -262,12 +262,66 @@ def test_a_rooted_list_call_s_reproduction_fails_on_the_mutant_and_passes_on_glo
         prefix, suffix = f"{mutant}-{call}-", f"-ws{n}"
         script = next(p for p in named if p.stem.startswith(prefix) and p.stem.endswith(suffix))
         text = script.read_text()
+        if call == "scatter":  # the root's list alone is written: the others' inputs are not the call's
+            assert text.count("None,  # rank") == n - 1, text
         on_mutant = _run_alone(script, str(SUPPORT))
         assert on_mutant.returncode == 1 and f"{wrong} " in on_mutant.stdout, on_mutant.stdout[-2000:]
         assert "elements WRONG" in on_mutant.stdout, on_mutant.stdout[-2000:]
         script.write_text(text.replace(repr(mutant), repr("gloo")))
         on_gloo = _run_alone(script, str(SUPPORT))
         assert on_gloo.returncode == 0, (script.name, on_gloo.stdout + on_gloo.stderr)
+
+
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+def test_a_list_all_to_all_s_reproduction_shows_the_mutant_s_bug_and_gloo_s(
+    pytester: pytest.Pytester,
+) -> None:
+    """The list all_to_all with parts of different sizes, every part after the first read one element
+    early (planted): the scripts its failures name, at 2 ranks and at 3, exit 1 on the mutant naming the
+    part, and 1 with their backend named gloo, raising gloo's own refusal (a known bug of gloo's)."""
+    mutant = "mutant_uneven_list_all_to_all_off_by_one"
+    select = ["-k", "test_all_to_all_list", "--reproductions", "repro"]
+    result = run_on_backend(pytester, mutant, *select, files=("test_operations.py",), world_sizes="2,3")
+    result.assert_outcomes(failed=2)
+    named = [Path(path) for path in reproductions_in(result.stdout.str())]
+    prefix = f"{mutant}-all_to_all-list-"
+    for n in (2, 3):
+        script = next(p for p in named if p.name.startswith(prefix) and f"-ws{n}-" in p.stem)
+        text = script.read_text()
+        on_mutant = _run_alone(script, str(SUPPORT))
+        assert on_mutant.returncode == 1, on_mutant.stdout + on_mutant.stderr
+        assert "from group rank 1: " in on_mutant.stdout, on_mutant.stdout
+        assert "elements WRONG" in on_mutant.stdout, on_mutant.stdout
+        script.write_text(text.replace(repr(mutant), repr("gloo")))
+        on_gloo = _run_alone(script, str(SUPPORT))
+        assert on_gloo.returncode == 1 and "alltoall: invalid tensor size" in on_gloo.stderr, on_gloo.stderr
+
+
+@pytest.mark.skipif(torch_below(2, 13), reason="the manifest holds the bug of torch 2.13")
+def test_a_nan_s_reproduction_shows_gloo_s_min_max_bug_and_no_false_alarm(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """gloo's MIN and MAX, whose NaN is kept or dropped by which rank holds it: the scripts its known-bug
+    failures name, at 2 ranks and at 3, exit 1 on gloo naming the elements whose kind differs; the same
+    writer on a SUM, where gloo keeps every NaN, exits 0."""
+    select = ["-rx", "-k", "test_nan_and_inf_in_min_max", "--reproductions", "repro"]
+    result = run_on_backend(pytester, "gloo", *select, files=("test_all_reduce.py",), world_sizes="2,3")
+    result.assert_outcomes(xfailed=2)
+    named = [Path(path) for path in reproductions_in(result.stdout.str())]
+    assert sorted(re.sub(r".*-(ws\d)-.*", r"\1", p.stem) for p in named) == ["ws2", "ws3"], named
+    for script in named:
+        run = _run_alone(script)
+        assert run.returncode == 1, (script.name, run.stdout + run.stderr)
+        assert "whichever rank held the nan: " in run.stdout and "elements WRONG" in run.stdout, run.stdout
+    inputs = [rank_input(3, r, (6,), torch.float32) for r in range(3)]
+    for r, x in enumerate(inputs):
+        x[r::3] = float("nan")
+    call = FailingCall(
+        "gloo", 3, "all_reduce", "contiguous", "contiguous", torch.float32, (6,), given=lambda r, _: inputs[r]
+    )
+    _exits_0(
+        tmp_path / "sum_nan.py", exceptional_script(call, "sum", "nan", "(none: a healthy call)", "this test")
+    )
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="torch 2.2's gloo hangs in a subgroup's all_to_all_single")
@@ -280,7 +334,7 @@ def test_a_reproduction_of_each_backend_call_gloo_gets_right_exits_0(tmp_path: P
         (name, form) for name, (contract, _) in TORCH_CALLS.items()
         for head, _, form in (key.partition(" ") for key in CONTRACT_LINES) if head == contract
     ]  # fmt: skip
-    assert len(forms) == 13, forms
+    assert len(forms) == 14, forms
     for name, form in forms:
         layout = "offset" if name == "broadcast" else "contiguous"
         given, shape = _inputs(form)

@@ -31,7 +31,10 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "write_reproduction": ("execution.reproductions", "write_reproduction"),
     **{
         n: ("conformance.standalone", n)
-        for n in ("FailingCall", "backend_modules", "layout_script", "point_to_point_script", "work_script")
+        for n in (
+            "FailingCall", "backend_modules", "exceptional_script", "group_call_script", "layout_script",
+            "point_to_point_script", "work_script",
+        )  # fmt: skip
     },
     "share": ("execution.ipc", "share"),
     # algorithms under test, and the exact references they are held to

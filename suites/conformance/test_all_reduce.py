@@ -18,10 +18,13 @@ from pytest_collectives import (
     EXCEPTIONAL,
     FLOATS,
     LARGE_SIZES,
+    FailingCall,
     algorithm_named,
     all_reduce_matches_reference,
     assert_reduced_close,
+    backend_modules,
     examples,
+    exceptional_script,
     kinds,
     large,
     of_the_algorithm,
@@ -32,6 +35,7 @@ from pytest_collectives import (
     refusal,
     registered,
     run_all_reduce,
+    write_reproduction,
 )
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
@@ -280,8 +284,17 @@ def check_exceptional_values(pg, case, value: str, repeat: int) -> None:
     kinds = kind_of(tensor)
     for j, kind in enumerate(kinds):
         if kind != kinds[0]:
-            raise AssertionError(
-                f"{case.op} of {case.dtype} over {n} ranks: {value} held by rank 0 gives {kinds[0]} "
-                f"({tensor[0].item()!r}), held by rank {j % n} gives {kind} ({tensor[j].item()!r}): the "
-                "result depends on which rank holds it"
+            said = (
+                f"{case.op} of {case.dtype} over {n} ranks: {value} held by rank 0 at element 0 gives "
+                f"{kinds[0]} ({tensor[0].item()!r}), held by rank {j % n} at element {j} gives {kind} "
+                f"({tensor[j].item()!r}): the result depends on which rank holds it"
             )
+            call = FailingCall(
+                pg.backend, n, "all_reduce", "contiguous", "contiguous", case.dtype, (n * repeat,),
+                given=lambda r, _=0: inputs[r],
+                device=pg.device.type, modules=backend_modules(pg.backend),
+            )  # fmt: skip
+            written_from = f"test_all_reduce.py's {value} in {case.op} of {n * repeat} {case.dtype} elements"
+            text = exceptional_script(call, case.op, value, said, written_from)
+            name = f"{pg.backend}-all_reduce-{case.op}-{value}-ws{n}-{str(case.dtype).removeprefix('torch.')}"
+            raise AssertionError(f"{said}\n{write_reproduction(pg, name, text)}")

@@ -23,16 +23,19 @@ from pytest_collectives import (
     NO_OP,
     REDUCE_OPS,
     Calls,
+    FailingCall,
     algorithm_named,
     all_to_all_matches_reference,
     assert_moved,
     assert_reduced_close,
     assert_unchanged,
+    backend_modules,
     broadcast_matches_reference,
     cases,
     every_cell,
     examples,
     gather_matches_reference,
+    group_call_script,
     laid_out,
     movements,
     of_the_algorithm,
@@ -46,6 +49,7 @@ from pytest_collectives import (
     sentinel,
     subgroup_members,
     sweep,
+    write_reproduction,
 )
 
 pytestmark = pytest.mark.conformance  # drawn from the probe of the live group
@@ -175,11 +179,31 @@ def test_all_to_all_list(pg, case, splits, even):
                 assert_unchanged(outputs[i], unwritten, f"refused all_to_all: from rank {i} on rank {me}")
                 assert_unchanged(sources[i], sent[i], f"refused all_to_all: what rank {me} sends rank {i}")
             refused_example(f"{pg.backend} refuses all_to_all of parts of sizes {sizes}: {reason}")
+        exc.args = (f"{exc}\n{_all_to_all_reproduction(pg, case, sizes, exc)}", *exc.args[1:])
         raise
-    for i in range(n):
-        expected = case.part(pg.seed, i, me, sizes[i][me], n)
-        assert_moved(outputs[i], expected, f"all_to_all: from rank {i} on rank {me}")
-        assert_unchanged(sources[i], sent[i], f"all_to_all: what rank {me} sends rank {i}")
+    try:
+        for i in range(n):
+            expected = case.part(pg.seed, i, me, sizes[i][me], n)
+            assert_moved(outputs[i], expected, f"all_to_all: from rank {i} on rank {me}")
+            assert_unchanged(sources[i], sent[i], f"all_to_all: what rank {me} sends rank {i}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_all_to_all_reproduction(pg, case, sizes, exc)}") from None
+
+
+def _all_to_all_reproduction(pg, case, sizes: list[list[int]], failure: Exception) -> str:
+    """The failing list all_to_all written as a file that needs only torch and the backend: the line
+    naming it."""
+    n = pg.world_size
+    call = FailingCall(
+        pg.backend, n, "all_to_all", case.layout, "contiguous", case.dtype, (-1,),
+        given=lambda r, p: case.part(pg.seed, r, p, sizes[r][p], n),
+        device=pg.device.type, modules=backend_modules(pg.backend),
+    )  # fmt: skip
+    found = f"{type(failure).__name__}: {str(failure).splitlines()[0]}"
+    written_from = f"test_operations.py::test_all_to_all_list, parts of sizes {sizes}, {case.layout}"
+    text = group_call_script(call, "", found, written_from)
+    dtype = str(case.dtype).removeprefix("torch.")
+    return write_reproduction(pg, f"{pg.backend}-all_to_all-list-{case.layout}-ws{n}-{dtype}", text)
 
 
 # (N, C, H, W) with C > 1 and H * W > 1, so that channels_last and contiguous strides differ

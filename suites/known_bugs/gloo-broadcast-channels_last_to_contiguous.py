@@ -31,7 +31,8 @@ HANG = 120  # seconds: a rank not done by then is hung in the call
 OP = dist.ReduceOp.SUM  # the call's reduce op, where it takes one
 nan, inf = float("nan"), float("inf")
 # INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
-# same), flat, as the failing example had them; None for a rank outside the call's group.
+# same), flat, as the failing example had them; None for a rank whose inputs the call does not take (one
+# outside the call's group, a scatter's non-root).
 INPUTS = [
     [  # rank 0
         [
@@ -152,7 +153,7 @@ def report(me, what, got, want, slack=0):  # print what came back against what w
     for at in bad[:8]:
         at = tuple(at)
         lines.append(f"  at {at}: got {got[at].item()}, expected {want[at].item()}")
-    print("\n".join(lines), flush=True)  # whole, so that the ranks' lines do not interleave
+    print("\n".join(lines) + "\n", end="", flush=True)  # one write: the ranks' lines do not interleave
     return not bad
 
 

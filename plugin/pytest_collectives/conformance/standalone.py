@@ -134,7 +134,9 @@ def _script(
     many for that."""
     members = call.members or tuple(range(call.world_size))
     peers = range(len(members)) if _takes_peers(call.name) else range(_PARTS.get(call.name, 1))
-    given = [[call.given(r, p) for p in peers] if r in members else None for r in range(call.world_size)]
+    # a scatter sends the root's list alone: the others' would make the file world-size times as long
+    senders = (members[call.root % len(members)],) if call.name == "scatter" else members
+    given = [[call.given(r, p) for p in peers] if r in senders else None for r in range(call.world_size)]
     count = sum(part.numel() for parts in given if parts for part in parts)
     if count > PACKED_LIMIT:
         return None
@@ -317,6 +319,16 @@ CONTRACT_LINES = {
     return [("{name} in the group of ranks {members}", output,
              exactly(torch.cat([given(r, at) for r in members]))),
             ("its input, after the call", source, exactly(kept))]""",
+    # the list form: each part its own tensor, of any size (torch documents parts of different sizes), each
+    # output the size of what its sender sends this rank
+    "all_to_all_list": """
+    outputs = [unwritten(given(r, at).shape) for r in members]
+    parts = [laid(given(me, p)) for p in range(len(members))]
+    {call}
+    received = [(f"{name} in the group of ranks {members}: from group rank {{i}}", outputs[i],
+                 exactly(given(r, at))) for i, r in enumerate(members)]
+    return received + [(f"its part for group rank {{p}}, after the call", part, exactly(given(me, p)))
+                       for p, part in enumerate(parts)]""",
     "all_to_all uneven": """
     splits = {splits!r}  # splits[i][j]: what group rank i sends group rank j
     column = [row[at] for row in splits]
@@ -352,6 +364,7 @@ TORCH_CALLS = {
     ),
     "all_gather_into_tensor": ("all_gather", "dist.all_gather_into_tensor(output, mine, group=group)"),
     "all_to_all_single": ("all_to_all", "dist.all_to_all_single(output, source, {splits}, group=group)"),
+    "all_to_all": ("all_to_all_list", "dist.all_to_all(outputs, parts, group=group)"),
     "gather": ("gather", "dist.gather(mine, outputs, dst=members[ROOT], group=group)"),
     "scatter": ("scatter", "dist.scatter(output, parts, src=members[ROOT], group=group)"),
 }
@@ -486,6 +499,27 @@ def work_script(
     return _script(call, title, lines, found, written_from, "sum", code)
 
 
+# An all_reduce of inputs holding NaN or an infinity, element j on rank j % WORLD_SIZE alone: torch documents
+# no rule for either in a reduction, so each element's kind (propagated or dropped) is held to element 0's.
+EXCEPTIONAL_LINES = """
+    tensor = laid(given(me))  # element j holds the {value} on rank j % WORLD_SIZE alone
+    dist.all_reduce(tensor, op=OP)
+    print(f"rank {{me}}: {op} gave {{tensor.tolist()}}\\n", end="", flush=True)
+    got = tensor.detach().cpu()
+    kinds = got.isnan().long() + 2 * got.isinf().long()  # 0 finite, 1 NaN, 2 infinite
+    what = "each element's kind (0 finite, 1 NaN, 2 infinite), whichever rank held the {value}"
+    return [(what, kinds, exactly(torch.full_like(kinds, int(kinds[0]))))]"""
+
+
+def exceptional_script(call: FailingCall, op: str, value: str, found: str, written_from: str) -> str | None:
+    """The standalone reproduction of an all_reduce under ``op`` whose result depends on which rank held
+    ``value`` (nan, inf or -inf): ``call.given(r, 0)`` holds it at the elements j with j % n == r."""
+    lines = EXCEPTIONAL_LINES.format(op=op, value=value)
+    title = f"{call.backend}: all_reduce {op} of a {value} one rank holds, {call.world_size} ranks"
+    title += f", {call.dtype}"
+    return _script(call, title, lines, found, written_from, op)
+
+
 # how each kind's values are written inline, what an unwritten output holds (rank inputs never hold it),
 # and the dtype a sum is exact in
 _FILL = {"bool": "False", "complex": "complex('nan')", "float": "float('nan')", "int": "0"}
@@ -588,7 +622,8 @@ HANG = 120  # seconds: a rank not done by then is hung in the call
 OP = {op_code}  # the call's reduce op, where it takes one
 nan, inf = float("nan"), float("inf")
 # INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
-# same), flat, as the failing example had them; None for a rank outside the call's group.
+# same), flat, as the failing example had them; None for a rank whose inputs the call does not take (one
+# outside the call's group, a scatter's non-root).
 {inputs}
 
 
@@ -666,7 +701,7 @@ def report(me, what, got, want, slack=0):  # print what came back against what w
     for at in bad[:8]:
         at = tuple(at)
         lines.append(f"  at {{at}}: got {{got[at].item()}}, expected {{want[at].item()}}")
-    print("\\n".join(lines), flush=True)  # whole, so that the ranks' lines do not interleave
+    print("\\n".join(lines) + "\\n", end="", flush=True)  # one write: the ranks' lines do not interleave
     return not bad
 
 
