@@ -273,6 +273,64 @@ def test_a_rooted_list_call_s_reproduction_fails_on_the_mutant_and_passes_on_glo
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+@pytest.mark.parametrize(
+    "mutant, select, call, wrong",
+    [
+        # every part handed back one place along the list
+        ("mutant_gather_permutes_ranks", "test_all_gather_list and not uneven", "all_gather", "'s part: "),
+        # right results, the caller's parts spoiled
+        ("mutant_reduce_scatter_in_its_input", "test_reduce_scatter_list and not every", "reduce_scatter",
+         ", after the call: "),
+    ],
+)  # fmt: skip
+def test_a_list_call_s_reproduction_fails_on_the_mutant_and_passes_on_the_reference(
+    pytester: pytest.Pytester, mutant: str, select: str, call: str, wrong: str
+) -> None:
+    """The list all_gather and reduce_scatter, each with a planted bug: the scripts their failures name,
+    at 2 ranks and at 3, exit 1 on the mutant naming what is wrong, and 0 with their backend named
+    refgloo."""
+    options = ["-k", select, "--reproductions", "repro"]
+    result = run_on_backend(pytester, mutant, *options, files=("test_operations.py",), world_sizes="2,3")
+    result.assert_outcomes(failed=2)
+    named = [Path(path).stem for path in reproductions_in(result.stdout.str())]
+    for n in (2, 3):
+        stem = next(p for p in named if p.startswith(f"{mutant}-{call}-") and p.endswith(f"-ws{n}"))
+        script = pytester.path / "repro" / f"{stem}.py"
+        text = script.read_text()
+        on_mutant = _run_alone(script, str(SUPPORT))
+        assert on_mutant.returncode == 1, on_mutant.stdout + on_mutant.stderr
+        assert wrong in on_mutant.stdout and "elements WRONG" in on_mutant.stdout, on_mutant.stdout[-2000:]
+        script.write_text(text.replace(repr(mutant), repr("refgloo")))
+        on_reference = _run_alone(script, str(SUPPORT))
+        assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+
+
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
+def test_a_failure_too_large_to_write_draws_its_inputs_and_shows_the_bug(pytester: pytest.Pytester) -> None:
+    """reduce_scatter whose blocks of 64 Ki elements keep their last element unreduced (planted): the
+    every-cell sweep's failures are too large to write (4 blocks of 64 Ki or more at 2 ranks), so their
+    scripts draw inputs of the same counts from a seeded generator; the float32 SUM's, run alone, exits 1 on
+    the mutant naming that one element, and 0 with its backend named refgloo."""
+    mutant = "mutant_large_reduce_scatter_tail_unreduced"
+    select = ["-k", "test_reduce_scatter_list_every_cell", "--reproductions", "repro"]
+    result = run_on_backend(pytester, mutant, *select, files=("test_operations.py",), world_sizes="2")
+    result.assert_outcomes(failed=1)
+    folder = pytester.path / "repro"
+    found = sorted(folder.glob(f"{mutant}-reduce_scatter-sum-*float32-*-ws2.py"))
+    assert found, sorted(path.name for path in folder.iterdir())
+    script = found[0]
+    text = script.read_text()
+    counts = re.search(r"^INPUTS = \[\[(\d+), (\d+)\], \[(\d+), (\d+)\]\]$", text, re.MULTILINE)
+    assert counts and min(map(int, counts.groups())) >= 1 << 16 and "by a seeded generator" in text, text
+    on_mutant = _run_alone(script, str(SUPPORT))
+    assert on_mutant.returncode == 1, on_mutant.stdout + on_mutant.stderr
+    assert f"1 of {counts.group(1)} elements WRONG" in on_mutant.stdout, on_mutant.stdout
+    script.write_text(text.replace(repr(mutant), repr("refgloo")))
+    on_reference = _run_alone(script, str(SUPPORT))
+    assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+
+
+@pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
 def test_a_list_all_to_all_s_reproduction_shows_the_mutant_s_bug_and_gloo_s(
     pytester: pytest.Pytester,
 ) -> None:
@@ -328,13 +386,13 @@ def test_a_nan_s_reproduction_shows_gloo_s_min_max_bug_and_no_false_alarm(
 def test_a_reproduction_of_each_backend_call_gloo_gets_right_exits_0(tmp_path: Path) -> None:
     """No false alarm from the scripts of the backend's own calls: each, on a subgroup of ranks 0 and 2 of
     3 rooted at its group rank 1, in float32 where any order of a sum rounds, exits 0 on gloo, in every
-    form written (the reduce-scatter and all-gather in place, uneven splits) but the stacked all-gather,
-    which gloo refuses."""
+    form written (the reduce-scatter and all-gather in place, uneven splits, the list forms) but the
+    stacked all-gather, which gloo refuses."""
     forms = [
         (name, form) for name, (contract, _) in TORCH_CALLS.items()
         for head, _, form in (key.partition(" ") for key in CONTRACT_LINES) if head == contract
     ]  # fmt: skip
-    assert len(forms) == 14, forms
+    assert len(forms) == 16, forms
     for name, form in forms:
         layout = "offset" if name == "broadcast" else "contiguous"
         given, shape = _inputs(form)

@@ -109,6 +109,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     **{
         n: ("conformance.properties", n)
         for n in (
+            "all_gather_list_matches_reference",
             "all_gather_matches_reference",
             "all_reduce_matches_reference",
             "all_to_all_matches_reference",
@@ -118,6 +119,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
             "gemm_reduce_scatter_matches_reference",
             "matches_reference",
             "reduce_matches_reference",
+            "reduce_scatter_list_matches_reference",
             "reduce_scatter_matches_reference",
             "run_all_reduce",
             "scatter_matches_reference",

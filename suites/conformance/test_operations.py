@@ -25,6 +25,7 @@ from pytest_collectives import (
     Calls,
     FailingCall,
     algorithm_named,
+    all_gather_list_matches_reference,
     all_to_all_matches_reference,
     assert_moved,
     assert_reduced_close,
@@ -41,6 +42,7 @@ from pytest_collectives import (
     of_the_algorithm,
     reduce_matches_reference,
     reduce_op,
+    reduce_scatter_list_matches_reference,
     reductions,
     refusal,
     refused_example,
@@ -77,17 +79,7 @@ def test_broadcast(pg, algorithm, case):
 @pytest.mark.needs("all_gather")
 @examples(case=movements(["all_gather"]))
 def test_all_gather_list(pg, case):
-    found = subgroup_members(pg, case)
-    if found is None:
-        return
-    group, ranks, n, me = found
-    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
-    outputs = [sentinel(case.size, case.dtype, pg.device) for _ in range(n)]
-    mine = laid_out(inputs[me], case.layout, pg.device)
-    dist.all_gather(outputs, mine, group=group)
-    for i, (out, want) in enumerate(zip(outputs, inputs, strict=True)):
-        assert_moved(out, want, f"all_gather: group rank {i}'s part on group rank {me}")
-    assert_unchanged(mine, inputs[me], f"all_gather's input on group rank {me}")
+    all_gather_list_matches_reference(pg, dist.all_gather, case)
 
 
 @pytest.mark.world_size()
@@ -117,7 +109,7 @@ def test_all_gather_list_uneven(pg, case, extra):
 @pytest.mark.needs("reduce_scatter")
 @examples(case=reductions(["reduce_scatter"], sizes=st.integers(0, 2000), layouts=DENSE))
 def test_reduce_scatter_list(pg, case):
-    check_reduce_scatter_list(pg, case)
+    reduce_scatter_list_matches_reference(pg, dist.reduce_scatter, case)
 
 
 @pytest.mark.world_size()
@@ -125,22 +117,7 @@ def test_reduce_scatter_list(pg, case):
 @sweep(case=every_cell("reduce_scatter"))
 def test_reduce_scatter_list_every_cell(pg, case):
     """Every supported cell, every run (as test_every_cell.py does for the registry's contracts)."""
-    check_reduce_scatter_list(pg, case)
-
-
-def check_reduce_scatter_list(pg, case) -> None:
-    found = subgroup_members(pg, case)
-    if found is None:
-        return
-    group, ranks, n, me = found
-    output = sentinel(case.size, case.dtype, pg.device)
-    parts = [case.part(pg.seed, pg.rank, j, case.size, n) for j in range(n)]
-    mine = [laid_out(part, case.layout, pg.device) for part in parts]
-    dist.reduce_scatter(output, mine, op=reduce_op(case.op), group=group)
-    expected = [case.part(pg.seed, r, me, case.size, n) for r in ranks]
-    assert_reduced_close(output, expected, case.op, case.values)
-    for j, (kept, part) in enumerate(zip(mine, parts, strict=True)):
-        assert_unchanged(kept, part, f"reduce_scatter's input for group rank {j} on group rank {me}")
+    reduce_scatter_list_matches_reference(pg, dist.reduce_scatter, case)
 
 
 @pytest.mark.world_size()

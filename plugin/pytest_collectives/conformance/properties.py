@@ -92,6 +92,8 @@ BACKEND_OWN = {
     "all_to_all_single": "all_to_all_single",
     "gather": "gather",
     "scatter": "scatter",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
 }
 
 
@@ -132,7 +134,8 @@ def all_reduce_matches_reference(pg: Any, all_reduce: Callable[..., torch.Tensor
 
 # The contracts whose checks hand the implementation a tensor in the drawn layout (the others hand it dense
 # tensors), and those that work in place, their output in that layout too.
-_LAID = ("all_reduce", "reduce", "broadcast", "all_to_all", "gather", "scatter")
+_LAID = ("all_reduce", "reduce", "broadcast", "all_to_all", "gather", "scatter", "all_gather_list",
+         "reduce_scatter_list")
 _IN_PLACE = ("all_reduce", "reduce", "broadcast")
 
 
@@ -163,7 +166,7 @@ def _reproduction(
     elif sizes is not None:
         shape = (-1,)
         given = lambda r, p: case.part(pg.seed, r, p, sizes[ranks.index(r)][p], n)  # noqa: E731
-    elif contract in ("reduce_scatter", "all_to_all", "scatter"):  # inputs per (rank, group rank)
+    elif contract in ("reduce_scatter", "reduce_scatter_list", "all_to_all", "scatter"):  # per (rank, peer)
         shape = (size // n if contract == "all_to_all" else size,)
         given = lambda r, p: case.part(pg.seed, r, p, shape[0], n)  # noqa: E731
     else:
@@ -398,6 +401,42 @@ def scatter_matches_reference(pg: Any, scatter: Callable[..., Any], case: Case) 
     assert_moved(output, parts[me], f"scatter from group rank {root} on group rank {me}")
     for i, source in enumerate(sources or []):
         assert_unchanged(source, parts[i], f"scatter's part for group rank {i} at group rank {root}")
+
+
+@_reproducible
+def all_gather_list_matches_reference(pg: Any, all_gather: Callable[..., Any], case: Case) -> None:
+    """``all_gather(tensor_list, tensor, group=)``, torch's list form: each member's list holds every
+    member's input in group-rank order, its own input left as it was."""
+    found = members(pg, case)
+    if found is None:
+        return
+    group, ranks, n, me = found
+    inputs = [case.input(pg.seed, r, case.size, n) for r in ranks]
+    outputs = [sentinel(case.size, case.dtype, pg.device) for _ in range(n)]
+    mine = laid_out(inputs[me], case.layout, pg.device)
+    all_gather(outputs, mine, group=group)
+    for i, (out, want) in enumerate(zip(outputs, inputs, strict=True)):
+        assert_moved(out, want, f"{name_of(all_gather)}: group rank {i}'s part on group rank {me}")
+    assert_unchanged(mine, inputs[me], f"{name_of(all_gather)}'s input on group rank {me}")
+
+
+@_reproducible
+def reduce_scatter_list_matches_reference(pg: Any, reduce_scatter: Callable[..., Any], case: Case) -> None:
+    """``reduce_scatter(output, input_list, op=, group=)``, torch's list form: each member's output is the
+    reduction of every member's part for it, and the parts are left as they were."""
+    found = members(pg, case)
+    if found is None:
+        return
+    group, ranks, n, me = found
+    output = sentinel(case.size, case.dtype, pg.device)
+    parts = [case.part(pg.seed, pg.rank, j, case.size, n) for j in range(n)]
+    mine = [laid_out(part, case.layout, pg.device) for part in parts]
+    reduce_scatter(output, mine, op=reduce_op(case.op), group=group)
+    expected = [case.part(pg.seed, r, me, case.size, n) for r in ranks]
+    assert_reduced_close(output, expected, case.op, case.values)
+    for j, (kept, part) in enumerate(zip(mine, parts, strict=True)):
+        what = f"{name_of(reduce_scatter)}'s input for group rank {j} on group rank {me}"
+        assert_unchanged(kept, part, what)
 
 
 # The check of each contract that takes (pg, implementation, case) alone: out of place where the contract

@@ -83,7 +83,8 @@ CALL_LINES = {
 }
 INLINE_LIMIT = 8192  # the most input elements, over every rank, a reproduction writes inline
 # the most it writes at all: more are packed (compressed, in base64) into the file, so that it still runs
-# alone, up to this many
+# alone, up to this many; past it, the file draws values of the same dtype, counts and kind from a seeded
+# generator (a failure at 1 Mi elements would otherwise give a file of tens of MB)
 PACKED_LIMIT = 1 << 15
 
 
@@ -117,7 +118,7 @@ def backend_modules(backend: str) -> tuple[str, ...]:
     return (module,) if module and module != "__main__" else ()
 
 
-def layout_script(call: FailingCall, found: str, written_from: str) -> str | None:
+def layout_script(call: FailingCall, found: str, written_from: str) -> str:
     """The standalone reproduction of ``call``: ``found`` is the failure's first line, ``written_from`` the
     test (and seed) it came from."""
     title = f"{call.backend}: {call.name} of {_layouts(call)}, {call.world_size} ranks, {call.dtype}"
@@ -127,27 +128,28 @@ def layout_script(call: FailingCall, found: str, written_from: str) -> str | Non
 def _script(
     call: FailingCall, title: str, lines: str, found: str, written_from: str, op: str = "",
     code: Inlined | None = None,
-) -> str | None:
+) -> str:
     """The file: ``call``'s inputs, layouts and backend, and ``lines``, the body of its ``call(me)`` under
     reduce op ``op``, after ``code`` (an algorithm's, copied in); the inputs written inline (a failure at
-    97 elements gives a file read in a minute), or packed where they are many; None where they are too
-    many for that."""
+    97 elements gives a file read in a minute), packed where they are many, and drawn by a seeded
+    generator where they are too many for that."""
     members = call.members or tuple(range(call.world_size))
     peers = range(len(members)) if _takes_peers(call.name) else range(_PARTS.get(call.name, 1))
     # a scatter sends the root's list alone: the others' would make the file world-size times as long
     senders = (members[call.root % len(members)],) if call.name == "scatter" else members
     given = [[call.given(r, p) for p in peers] if r in senders else None for r in range(call.world_size)]
     count = sum(part.numel() for parts in given if parts for part in parts)
-    if count > PACKED_LIMIT:
-        return None
+    kind = _kind(call.dtype)
     stdlib = _STDLIB
-    if count > INLINE_LIMIT:
+    if count > PACKED_LIMIT:
+        counts = [None if ps is None else [part.numel() for part in ps] for ps in given]
+        inputs = _GENERATED.format(limit=PACKED_LIMIT, counts=counts, draw=_DRAW[kind])
+    elif count > INLINE_LIMIT:
         written, packed = _packed(given)
         inputs, stdlib = _PACKED.format(written=written, packed=packed), (*stdlib, "base64", "zlib")
     else:
         written = _written_out([None if ps is None else [_literal(part) for part in ps] for ps in given])
         inputs = _INLINE.format(written=written)
-    kind = _kind(call.dtype)
     stdlib_lines = "".join(f"import {module}\n" for module in sorted(stdlib))
     imports = "".join(f"import {module}  # registers {call.backend}\n" for module in call.modules)
     definitions = ""
@@ -319,8 +321,23 @@ CONTRACT_LINES = {
     return [("{name} in the group of ranks {members}", output,
              exactly(torch.cat([given(r, at) for r in members]))),
             ("its input, after the call", source, exactly(kept))]""",
-    # the list form: each part its own tensor, of any size (torch documents parts of different sizes), each
-    # output the size of what its sender sends this rank
+    # the list forms: each part its own tensor
+    "all_gather_list": """
+    outputs = [unwritten(given(r).shape) for r in members]  # each the size its sender sends
+    mine = laid(given(me))
+    {call}
+    parts = [(f"{name} in the group of ranks {members}: group rank {{i}}'s part", outputs[i],
+              exactly(given(r))) for i, r in enumerate(members)]
+    return parts + [("its input, after the call", mine, exactly(given(me)))]""",
+    "reduce_scatter_list": """
+    output = unwritten(SHAPE)
+    parts = [laid(given(me, p)) for p in range(len(members))]
+    {call}
+    wanted = reduced({op!r}, [given(r, at) for r in members])
+    return [("{name} {op} in the group of ranks {members}", output, wanted)] + [
+        (f"its part for group rank {{p}}, after the call", part, exactly(given(me, p)))
+        for p, part in enumerate(parts)]""",
+    # parts of any size (torch documents parts of different sizes), each output the size its sender sends
     "all_to_all_list": """
     outputs = [unwritten(given(r, at).shape) for r in members]
     parts = [laid(given(me, p)) for p in range(len(members))]
@@ -364,6 +381,8 @@ TORCH_CALLS = {
     ),
     "all_gather_into_tensor": ("all_gather", "dist.all_gather_into_tensor(output, mine, group=group)"),
     "all_to_all_single": ("all_to_all", "dist.all_to_all_single(output, source, {splits}, group=group)"),
+    "all_gather": ("all_gather_list", "dist.all_gather(outputs, mine, group=group)"),
+    "reduce_scatter": ("reduce_scatter_list", "dist.reduce_scatter(output, parts, op=OP, group=group)"),
     "all_to_all": ("all_to_all_list", "dist.all_to_all(outputs, parts, group=group)"),
     "gather": ("gather", "dist.gather(mine, outputs, dst=members[ROOT], group=group)"),
     "scatter": ("scatter", "dist.scatter(output, parts, src=members[ROOT], group=group)"),
@@ -379,7 +398,7 @@ ALGORITHM_CALLS = {
     "all_to_all": "{fn}(output, source, {splits}, group=group{params})",
     "gemm_reduce_scatter": "{fn}(a[me].clone(), b[me].clone(), group=group{params})",
 }
-REDUCING = ("all_reduce", "reduce", "reduce_scatter")  # the contracts whose calls take a reduce op
+REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_list")  # those that take a reduce op
 GROUP_LINES = """
     members = {members!r}  # the drawn group's global ranks: every rank creates it, its members call
     group = dist.new_group(members)
@@ -391,7 +410,7 @@ GROUP_LINES = """
 def group_call_script(
     call: FailingCall, op: str, found: str, written_from: str, form: str = "",
     splits: list[list[int]] | None = None,
-) -> str | None:
+) -> str:
     """The standalone reproduction of the backend's own ``call.name`` (one of TORCH_CALLS) as the
     conformance checks make it, in ``form`` (FORMS' words, "" for the plain one), on the group of
     ``call.members`` under reduce op ``op`` ("" where the call takes none), rooted at group rank
@@ -405,7 +424,7 @@ def group_call_script(
 def algorithm_script(
     call: FailingCall, algorithm: str, code: Inlined, params: dict[str, object], op: str, found: str,
     written_from: str, form: str = "", rows: int = 0, splits: list[list[int]] | None = None,
-) -> str | None:
+) -> str:
     """The standalone reproduction of registered algorithm ``algorithm`` (its name with its parameters) of
     contract ``call.name``, its ``code`` copied in, as the conformance checks call it: as
     group_call_script's; ``rows``: a GEMM reduce-scatter's rows of the result on each rank."""
@@ -420,7 +439,7 @@ def algorithm_script(
 def _group_script(
     call: FailingCall, contract: str, statement: str, name: str, title: str, op: str, found: str,
     written_from: str, form: str, splits: list[list[int]] | None, rows: int = 0, code: Inlined | None = None,
-) -> str | None:
+) -> str:
     """The script of ``statement``, the call of ``contract`` (called ``name``) in ``form``, on the group
     of ``call.members``."""
     members = list(call.members or range(call.world_size))
@@ -458,7 +477,7 @@ SEND_AND_RECEIVE = {
 
 def point_to_point_script(
     call: FailingCall, mode: str, src: int, dst: int, found: str, written_from: str
-) -> str | None:
+) -> str:
     """The standalone reproduction of rank ``src`` sending its ``given(src, 0)`` to rank ``dst`` by
     ``mode`` (send_recv, isend_irecv or batch_isend_irecv), both tensors in ``call.inputs_layout``."""
     send, receive = SEND_AND_RECEIVE[mode]
@@ -488,7 +507,7 @@ WORK_LINES = """
 
 def work_script(
     call: FailingCall, operation: str, make: Callable[..., Any], m: int, found: str, written_from: str
-) -> str | None:
+) -> str:
     """The standalone reproduction of ``operation`` made async on ``call``'s inputs (``given(r, 0)``, rank
     r's whole input), its Work's ``wait()`` and ``is_completed()`` held to True and its outputs to the
     blocking call's: ``make(operation, x, m, root, op, async_op)``, copied in with what it calls, makes
@@ -511,7 +530,7 @@ EXCEPTIONAL_LINES = """
     return [(what, kinds, exactly(torch.full_like(kinds, int(kinds[0]))))]"""
 
 
-def exceptional_script(call: FailingCall, op: str, value: str, found: str, written_from: str) -> str | None:
+def exceptional_script(call: FailingCall, op: str, value: str, found: str, written_from: str) -> str:
     """The standalone reproduction of an all_reduce under ``op`` whose result depends on which rank held
     ``value`` (nan, inf or -inf): ``call.given(r, 0)`` holds it at the elements j with j % n == r."""
     lines = EXCEPTIONAL_LINES.format(op=op, value=value)
@@ -564,13 +583,21 @@ def _packed(given: list[list[torch.Tensor] | None]) -> tuple[str, str]:
     return repr(inputs), f"(\n{lines}\n)"
 
 
-_INLINE = """INPUTS = {written}
+_INLINE = """\
+# INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
+# same), flat, as the failing example had them; None for a rank whose inputs the call does not take (one
+# outside the call's group, a scatter's non-root).
+INPUTS = {written}
 
 
 def given(r, p=0):
     return narrow(torch.tensor(INPUTS[r][p], dtype=WIDE)).reshape(SHAPE).to(DEVICE)"""
 # too many to read: each part is (first, count) of the values in PACKED, their WIDE bytes compressed in base64
-_PACKED = """INPUTS = {written}  # (first, count) of each part's values in VALUES
+_PACKED = """\
+# INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
+# same), flat, as the failing example had them; None for a rank whose inputs the call does not take (one
+# outside the call's group, a scatter's non-root).
+INPUTS = {written}  # (first, count) of each part's values in VALUES
 PACKED = {packed}
 VALUES = torch.frombuffer(bytearray(zlib.decompress(base64.b64decode(PACKED))), dtype=WIDE)
 
@@ -578,6 +605,31 @@ VALUES = torch.frombuffer(bytearray(zlib.decompress(base64.b64decode(PACKED))), 
 def given(r, p=0):
     first, count = INPUTS[r][p]
     return narrow(VALUES[first : first + count]).reshape(SHAPE).to(DEVICE)"""
+# too many to write at all: each part's count, its values drawn in the example's dtype and kind of values
+_GENERATED = """\
+# The failing example's inputs were too many to write (over {limit} elements): these are drawn in its dtype
+# and counts, of the same kind of values, by a seeded generator, the same on every rank and run. A bug that
+# needs the very values the example had may not show on them: the failure's replay has those.
+# INPUTS[r][p]: how many elements rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends
+# all ranks the same); None for a rank whose inputs the call does not take.
+INPUTS = {counts!r}
+
+
+def signed(count, generator):  # magnitudes in [0.5, 2) of either sign: a sum cancels, a product keeps range
+    magnitude = torch.rand(count, generator=generator, dtype=torch.float64) * 1.5 + 0.5
+    return magnitude * (torch.randint(0, 2, (count,), generator=generator) * 2 - 1)
+
+
+def given(r, p=0):
+    generator, count = torch.Generator().manual_seed(1000 * r + p), INPUTS[r][p]
+    {draw}
+    return narrow(values).reshape(SHAPE).to(DEVICE)"""
+_DRAW = {
+    "bool": "values = torch.randint(0, 2, (count,), generator=generator).bool()",
+    "int": "values = torch.randint(1, 8, (count,), generator=generator, dtype=WIDE)  # never 0: it is FILL",
+    "float": "values = signed(count, generator)",
+    "complex": "values = torch.complex(signed(count, generator), signed(count, generator))",
+}
 _STDLIB = ("os", "sys", "tempfile", "time")  # what every script imports; packed inputs need base64 and zlib
 
 
@@ -621,9 +673,6 @@ PREMUL_FACTOR = {premul_factor}  # PREMUL_SUM's factor, where the call takes one
 HANG = 120  # seconds: a rank not done by then is hung in the call
 OP = {op_code}  # the call's reduce op, where it takes one
 nan, inf = float("nan"), float("inf")
-# INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
-# same), flat, as the failing example had them; None for a rank whose inputs the call does not take (one
-# outside the call's group, a scatter's non-root).
 {inputs}
 
 

@@ -29,12 +29,10 @@ _OUTSIDE = "no reproductions folder outside a pytest session"
 CLOSEST = "its closest thing, "  # what names a record where a failure cannot be reproduced alone
 
 
-def write_reproduction(pg: Any, name: str, text: str | None) -> str:
+def write_reproduction(pg: Any, name: str, text: str) -> str:
     """Draft ``text`` as ``name``.py in the running test's reproductions folder, written once the group's
     outcome is known (write_drafts): the line that names it, for the failure's message (or says why none
-    was written; ``text`` is None where the failing example's inputs are too many to write)."""
-    if text is None:
-        return f"{WORDS}none written (the failing example's inputs are over 32768 elements)"
+    was written)."""
     if not getattr(pg, "reproductions", ""):
         return f"{WORDS}none written ({_OUTSIDE})"
     path = _file_in(pg.reproductions, name + ".py")
