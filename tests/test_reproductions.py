@@ -55,6 +55,20 @@ def _run_alone(script: Path, pythonpath: str = "") -> subprocess.CompletedProces
     )
 
 
+def _fails_on_the_mutant_and_passes_as(script: Path, mutant: str, reference: str, *said: str) -> None:
+    """``script``, written from ``mutant``'s failure, run alone: it exits 1 printing each of ``said``, and,
+    its backend named ``reference``, exits 0 with every result as expected."""
+    text = script.read_text()
+    on_mutant = _run_alone(script, str(SUPPORT))
+    assert on_mutant.returncode == 1, (script.name, on_mutant.stdout + on_mutant.stderr)
+    missing = [words for words in said if words not in on_mutant.stdout]
+    assert not missing, (script.name, missing, on_mutant.stdout[-2000:])
+    script.write_text(text.replace(repr(mutant), repr(reference)))
+    on_reference = _run_alone(script, str(SUPPORT))
+    assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+    assert "every result as expected" in on_reference.stdout, (script.name, on_reference.stdout)
+
+
 def _layout_failures(pytester: pytest.Pytester, backend: str, select: str, sizes: str) -> Path:
     """Run the layout test's ``select`` on ``backend``: its reproductions folder, each of them named by
     the --capability-json entry of a failing or known-bug test."""
@@ -103,13 +117,7 @@ def test_a_mutant_s_reproduction_fails_on_it_and_passes_on_the_reference(pyteste
     script = folder / f"{mutant}-all_gather-channels_last-ws2-float32.py"
     text = script.read_text()
     assert "import mutant_backends" in text and f"BACKEND, WORLD_SIZE, DEVICE = {mutant!r}, 2" in text
-    on_mutant = _run_alone(script, str(SUPPORT))
-    assert on_mutant.returncode == 1, on_mutant.stdout + on_mutant.stderr
-    assert "elements WRONG" in on_mutant.stdout, on_mutant.stdout
-    script.write_text(text.replace(repr(mutant), repr("refgloo")))
-    on_reference = _run_alone(script, str(SUPPORT))
-    assert on_reference.returncode == 0, on_reference.stdout + on_reference.stderr
-    assert "every result as expected" in on_reference.stdout
+    _fails_on_the_mutant_and_passes_as(script, mutant, "refgloo", "elements WRONG")
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
@@ -124,15 +132,8 @@ def test_an_async_work_s_reproduction_fails_on_the_mutant_and_passes_on_the_refe
     run_on_backend(pytester, mutant, *select, files=("test_works.py",), world_sizes="2,3")
     for n in (2, 3):
         script = pytester.path / "repro" / f"{mutant}-all_gather-async_work-ws{n}.py"
-        text = script.read_text()
-        on_mutant = _run_alone(script, str(SUPPORT))
-        assert on_mutant.returncode == 1, on_mutant.stdout + on_mutant.stderr
         wrong = "all_gather's Work: [wait() returned True, is_completed() once waited]: 1 of 2 elements WRONG"
-        assert wrong in on_mutant.stdout, on_mutant.stdout
-        script.write_text(text.replace(repr(mutant), repr("refgloo")))
-        on_reference = _run_alone(script, str(SUPPORT))
-        assert on_reference.returncode == 0, on_reference.stdout + on_reference.stderr
-        assert "every result as expected" in on_reference.stdout
+        _fails_on_the_mutant_and_passes_as(script, mutant, "refgloo", wrong)
 
 
 def test_every_known_bug_says_where_it_stands_upstream() -> None:
@@ -237,12 +238,7 @@ def test_the_backend_s_own_call_failing_writes_a_reproduction(
     assert named and all(Path(path).name.startswith(f"{mutant}-{call}-") for path in named), cells
     for n, label in zip((2, 3), scripts, strict=True):  # each script runs 3 or 4 processes
         script = sorted((pytester.path / "repro").glob(f"{mutant}-{label}-*-ws{n}.py"))[0]
-        text = script.read_text()
-        on_mutant = _run_alone(script, str(SUPPORT))
-        assert on_mutant.returncode == 1 and "elements WRONG" in on_mutant.stdout, script.name
-        script.write_text(text.replace(repr(mutant), repr("refgloo")))
-        on_reference = _run_alone(script, str(SUPPORT))
-        assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+        _fails_on_the_mutant_and_passes_as(script, mutant, "refgloo", "elements WRONG")
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
@@ -264,12 +260,7 @@ def test_a_rooted_list_call_s_reproduction_fails_on_the_mutant_and_passes_on_glo
         text = script.read_text()
         if call == "scatter":  # the root's list alone is written: the others' inputs are not the call's
             assert text.count("None,  # rank") == n - 1, text
-        on_mutant = _run_alone(script, str(SUPPORT))
-        assert on_mutant.returncode == 1 and f"{wrong} " in on_mutant.stdout, on_mutant.stdout[-2000:]
-        assert "elements WRONG" in on_mutant.stdout, on_mutant.stdout[-2000:]
-        script.write_text(text.replace(repr(mutant), repr("gloo")))
-        on_gloo = _run_alone(script, str(SUPPORT))
-        assert on_gloo.returncode == 0, (script.name, on_gloo.stdout + on_gloo.stderr)
+        _fails_on_the_mutant_and_passes_as(script, mutant, "gloo", f"{wrong} ", "elements WRONG")
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
@@ -296,13 +287,7 @@ def test_a_list_call_s_reproduction_fails_on_the_mutant_and_passes_on_the_refere
     for n in (2, 3):
         stem = next(p for p in named if p.startswith(f"{mutant}-{call}-") and p.endswith(f"-ws{n}"))
         script = pytester.path / "repro" / f"{stem}.py"
-        text = script.read_text()
-        on_mutant = _run_alone(script, str(SUPPORT))
-        assert on_mutant.returncode == 1, on_mutant.stdout + on_mutant.stderr
-        assert wrong in on_mutant.stdout and "elements WRONG" in on_mutant.stdout, on_mutant.stdout[-2000:]
-        script.write_text(text.replace(repr(mutant), repr("refgloo")))
-        on_reference = _run_alone(script, str(SUPPORT))
-        assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+        _fails_on_the_mutant_and_passes_as(script, mutant, "refgloo", wrong, "elements WRONG")
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
@@ -322,12 +307,7 @@ def test_a_failure_too_large_to_write_draws_its_inputs_and_shows_the_bug(pyteste
     text = script.read_text()
     counts = re.search(r"^INPUTS = \[\[(\d+), (\d+)\], \[(\d+), (\d+)\]\]$", text, re.MULTILINE)
     assert counts and min(map(int, counts.groups())) >= 1 << 16 and "by a seeded generator" in text, text
-    on_mutant = _run_alone(script, str(SUPPORT))
-    assert on_mutant.returncode == 1, on_mutant.stdout + on_mutant.stderr
-    assert f"1 of {counts.group(1)} elements WRONG" in on_mutant.stdout, on_mutant.stdout
-    script.write_text(text.replace(repr(mutant), repr("refgloo")))
-    on_reference = _run_alone(script, str(SUPPORT))
-    assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+    _fails_on_the_mutant_and_passes_as(script, mutant, "refgloo", f"1 of {counts.group(1)} elements WRONG")
 
 
 @pytest.mark.skipif(torch_below(2, 13), reason="Python ProcessGroup backends crash before torch 2.13")
@@ -428,11 +408,7 @@ def test_an_uneven_all_to_all_failing_writes_its_splits_in_a_reproduction(pytest
         assert script is not None and "-uneven-" in script.name, result.stdout.str()[-3000:]
         text = script.read_text()
         assert "splits = [[" in text, text
-        on_mutant = _run_alone(script, str(SUPPORT))
-        assert on_mutant.returncode == 1 and "elements WRONG" in on_mutant.stdout, on_mutant.stdout
-        script.write_text(text.replace(repr(mutant), repr("refgloo")))
-        on_reference = _run_alone(script, str(SUPPORT))
-        assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+        _fails_on_the_mutant_and_passes_as(script, mutant, "refgloo", "elements WRONG")
 
 
 UNEVEN = [[1, 0], [3, 2]]  # what group rank i sends group rank j, a zero among them
@@ -569,13 +545,8 @@ def test_a_message_received_wrong_writes_a_reproduction(pytester: pytest.Pyteste
     named = [Path(path) for path in reproductions_in(result.stdout.str())]
     for n in (2, 3):
         script = next(script for script in named if script.name.endswith(f"-ws{n}.py"))
-        text = script.read_text()
-        on_mutant = _run_alone(script, str(SUPPORT))
-        assert on_mutant.returncode == 1, (script.name, on_mutant.stdout + on_mutant.stderr)
-        assert "its buffer around it: 1 of 2 elements WRONG" in on_mutant.stdout, on_mutant.stdout
-        script.write_text(text.replace(repr(mutant), repr("refgloo")))
-        on_reference = _run_alone(script, str(SUPPORT))
-        assert on_reference.returncode == 0, (script.name, on_reference.stdout + on_reference.stderr)
+        wrong = "its buffer around it: 1 of 2 elements WRONG"
+        _fails_on_the_mutant_and_passes_as(script, mutant, "refgloo", wrong)
 
 
 def test_a_record_where_no_script_can_be_written_is_found_as_a_script_is(tmp_path: Path) -> None:

@@ -583,21 +583,19 @@ def _packed(given: list[list[torch.Tensor] | None]) -> tuple[str, str]:
     return repr(inputs), f"(\n{lines}\n)"
 
 
-_INLINE = """\
+# what a script's INPUTS holds where it holds the example's values, inline or packed
+_AS_GIVEN = """\
 # INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
 # same), flat, as the failing example had them; None for a rank whose inputs the call does not take (one
 # outside the call's group, a scatter's non-root).
-INPUTS = {written}
+"""
+_INLINE = _AS_GIVEN + """INPUTS = {written}
 
 
 def given(r, p=0):
     return narrow(torch.tensor(INPUTS[r][p], dtype=WIDE)).reshape(SHAPE).to(DEVICE)"""
 # too many to read: each part is (first, count) of the values in PACKED, their WIDE bytes compressed in base64
-_PACKED = """\
-# INPUTS[r][p]: what rank r sends (group) rank p (INPUTS[r][0]: its one input, where it sends all ranks the
-# same), flat, as the failing example had them; None for a rank whose inputs the call does not take (one
-# outside the call's group, a scatter's non-root).
-INPUTS = {written}  # (first, count) of each part's values in VALUES
+_PACKED = _AS_GIVEN + """INPUTS = {written}  # (first, count) of each part's values in VALUES
 PACKED = {packed}
 VALUES = torch.frombuffer(bytearray(zlib.decompress(base64.b64decode(PACKED))), dtype=WIDE)
 
